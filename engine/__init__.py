@@ -1,0 +1,1 @@
+"""tower-train's runtime: devices, data, towers' step, reduction, loop."""

@@ -1,0 +1,211 @@
+"""Tower devices: parse `--devices`, split the host CPU, check what exists.
+
+Parsing is pure string work and runs before TensorFlow is imported, so that a
+bad spec fails fast and `cpu:N` can split the host CPU before TensorFlow
+initialises its devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+# Local device names, in any spelling TensorFlow accepts:
+# /gpu:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:GPU:1.
+_NAME = re.compile(
+    r"^(?:/job:localhost(?:/replica:0)?(?:/task:0)?)?/(?:device:)?(cpu|gpu):(\d+)$",
+    re.IGNORECASE,
+)
+_CPU_SPLIT = re.compile(r"^cpu:(-?\d+)$", re.IGNORECASE)
+
+
+class DeviceError(ValueError):
+    """A device spec that cannot be honoured; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRequest:
+    """What the user asked for with `--devices` and `--reduce-device`.
+
+    Attributes:
+      towers: canonical device names (`/gpu:0`, `/cpu:1`), one per tower, or
+        None for `all`.
+      logical_cpus: split the host CPU into this many logical devices before
+        TensorFlow initialises (`cpu:N`), or None to leave it whole.
+      reduce_device: canonical name of the device that holds the variables and
+        averages the gradients, or None for the default (`/cpu:0`).
+    """
+
+    towers: tuple[str, ...] | None
+    logical_cpus: int | None = None
+    reduce_device: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tower:
+    """One tower: a device, and the data shard it reads.
+
+    Attributes:
+      index: position of the tower, also its DALI `shard_id`.
+      device: canonical TensorFlow device name, e.g. `/gpu:1` or `/cpu:0`.
+      num_towers: how many towers there are, also DALI's `num_shards`.
+    """
+
+    index: int
+    device: str
+    num_towers: int
+
+    @property
+    def gpu_index(self) -> int | None:
+        """The CUDA device ordinal of a GPU tower (DALI's `device_id`), else None."""
+        kind, ordinal = split_name(self.device)
+        return ordinal if kind == "gpu" else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where everything runs: the towers, and the reduce device."""
+
+    towers: tuple[Tower, ...]
+    reduce_device: str
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(t.device for t in self.towers)
+
+
+def canonical(name: str) -> str | None:
+    """Returns `/cpu:K` or `/gpu:K` for a local device name, None if not one."""
+    match = _NAME.match(name.strip())
+    if not match:
+        return None
+    return f"/{match.group(1).lower()}:{int(match.group(2))}"
+
+
+def split_name(name: str) -> tuple[str, int]:
+    """(`cpu` or `gpu`, ordinal) of a canonical device name."""
+    kind, ordinal = name.lstrip("/").split(":")
+    return kind, int(ordinal)
+
+
+def parse_request(devices: str, reduce_device: str | None = None) -> DeviceRequest:
+    """Parses `--devices` and `--reduce-device` without touching TensorFlow.
+
+    Raises:
+      DeviceError: for an empty spec, a malformed item, a duplicate, or N < 1.
+    """
+    spec = devices.strip()
+    reduce_name = None
+    if reduce_device is not None:
+        reduce_name = canonical(reduce_device)
+        if reduce_name is None:
+            raise DeviceError(
+                f"--reduce-device {reduce_device!r} is not a device name; "
+                "use a name like /cpu:0 or /gpu:1"
+            )
+    if not spec:
+        raise DeviceError(
+            "--devices is empty; give GPU indices (0,1), 'all', 'cpu:N' "
+            "or device names (/gpu:0,/cpu:0)"
+        )
+    if spec.lower() == "all":
+        return DeviceRequest(towers=None, reduce_device=reduce_name)
+    split = _CPU_SPLIT.match(spec)
+    if split:
+        count = int(split.group(1))
+        if count < 1:
+            raise DeviceError(
+                f"--devices {spec!r}: N must be at least 1 for cpu:N, got {count}"
+            )
+        towers = tuple(f"/cpu:{k}" for k in range(count))
+        return DeviceRequest(towers, logical_cpus=count, reduce_device=reduce_name)
+
+    towers = []
+    for item in (part.strip() for part in spec.split(",")):
+        if item.isdigit():
+            name = f"/gpu:{int(item)}"
+        else:
+            name = canonical(item)
+        if name is None:
+            raise DeviceError(
+                f"--devices {spec!r}: {item!r} is not a GPU index or a device "
+                "name; use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0"
+            )
+        if name in towers:
+            raise DeviceError(
+                f"--devices {spec!r}: {name} is listed twice; each device "
+                "carries one tower"
+            )
+        towers.append(name)
+    return DeviceRequest(tuple(towers), reduce_device=reduce_name)
+
+
+def resolve(request: DeviceRequest, visible: list[str]) -> Placement:
+    """Checks a request against the devices that exist and fixes the towers.
+
+    Args:
+      request: the parsed request.
+      visible: canonical names of the logical devices TensorFlow sees.
+
+    Raises:
+      DeviceError: naming the missing device and listing those that exist.
+    """
+    here = ", ".join(visible)
+    gpus = [d for d in visible if d.startswith("/gpu:")]
+    names = request.towers
+    if names is None:
+        names = tuple(gpus) or tuple(d for d in visible if d.startswith("/cpu:"))
+    for name in names:
+        if name not in visible:
+            hint = "" if gpus else " (no GPU here: use --devices cpu:N for N CPU towers)"
+            what = f"GPU {split_name(name)[1]}" if name.startswith("/gpu:") else name
+            raise DeviceError(
+                f"--devices: {what} does not exist; devices here: {here}{hint}"
+            )
+    reduce_device = request.reduce_device or "/cpu:0"
+    if reduce_device not in visible:
+        raise DeviceError(
+            f"--reduce-device {reduce_device} does not exist; devices here: {here}"
+        )
+    towers = tuple(Tower(i, name, len(names)) for i, name in enumerate(names))
+    return Placement(towers=towers, reduce_device=reduce_device)
+
+
+def default_cpu_towers() -> int:
+    """How many CPU towers `all` makes on a machine without GPUs: one per core."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def configure(request: DeviceRequest) -> Placement:
+    """Splits the host CPU if asked, then resolves the request against TensorFlow.
+
+    Must run before anything initialises TensorFlow's devices when the request
+    splits the CPU.
+    """
+    import tensorflow as tf
+
+    logical_cpus = request.logical_cpus
+    if request.towers is None and not tf.config.list_physical_devices("GPU"):
+        logical_cpus = default_cpu_towers()
+    if logical_cpus is not None:
+        split_host_cpu(logical_cpus)
+    visible = [canonical(d.name) for d in tf.config.list_logical_devices()]
+    return resolve(request, [d for d in visible if d is not None])
+
+
+def split_host_cpu(count: int) -> None:
+    """Splits the host CPU into `count` logical devices, once per process."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration()] * count
+    try:
+        tf.config.set_logical_device_configuration(cpu, wanted)
+    except RuntimeError as err:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have != count:
+            raise DeviceError(
+                f"cannot split the CPU into {count} devices: TensorFlow is already "
+                f"initialised with {have}; split once per process, before use"
+            ) from err
