@@ -1,0 +1,128 @@
+"""The outer loop: epochs of training steps, an evaluation after each."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import tensorflow as tf
+
+from engine import data
+from engine.progress import EpochProgress, MetricsFile
+from engine.step import TowerStep
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How long to train and how often to look.
+
+    Attributes:
+      epochs: number of epochs.
+      steps_per_epoch: training steps per epoch (one step = one batch per tower).
+      eval_steps: held-out batches per tower after each epoch; 0 skips it.
+      metrics_path: file that gets one JSON line per epoch, or None.
+    """
+
+    epochs: int
+    steps_per_epoch: int
+    eval_steps: int
+    metrics_path: str | None = None
+
+    def __post_init__(self):
+        for name in ("epochs", "steps_per_epoch"):
+            value = getattr(self, name)
+            if value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} ({value}) must be a positive integer")
+        if self.eval_steps < 0:
+            raise ValueError(f"--eval-steps ({self.eval_steps}) must be 0 or more")
+
+
+class HeldOut:
+    """The towers' held-out iterators, and how far into a pass they are.
+
+    Every shard is padded to the same number of batches, so the position of
+    the next batch in its pass is the same on every tower; it tells which
+    samples of each batch are real.
+    """
+
+    def __init__(self, iterators, *, size: int, batch_size: int, num_towers: int):
+        self.iterators = iterators
+        self.size = size
+        self.batch_size = batch_size
+        self.num_towers = num_towers
+        self.position = 0
+
+    @property
+    def full_pass(self) -> int:
+        return data.eval_batches(self.size, self.batch_size, self.num_towers)
+
+    def evaluate(self, step: TowerStep, num_steps: int) -> dict[str, float]:
+        totals = tf.zeros([3], tf.float32)
+        for _ in range(num_steps):
+            valid = data.valid_counts(
+                self.size, self.batch_size, self.num_towers, self.position
+            )
+            totals += step.evaluate(self.iterators, tf.constant(valid, tf.int32))
+            self.position += 1
+        loss, correct, samples = totals.numpy().tolist()
+        return {
+            "eval_loss": loss / max(samples, 1.0),
+            "eval_accuracy": correct / max(samples, 1.0),
+            "eval_samples": int(samples),
+        }
+
+
+def run(
+    step: TowerStep,
+    train_iterators,
+    held_out: HeldOut | None,
+    options: LoopOptions,
+    progress: EpochProgress,
+) -> list[dict]:
+    """Trains for `options.epochs` epochs and returns one record per epoch."""
+    metrics_file = MetricsFile(options.metrics_path)
+    global_batch = sum(
+        int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
+    )
+    history = []
+    for epoch in range(1, options.epochs + 1):
+        progress.start(epoch, options.epochs)
+        step.reset_metrics()
+        start = time.perf_counter()
+        for k in range(1, options.steps_per_epoch + 1):
+            step.train(train_iterators)
+            if progress.due() and k < options.steps_per_epoch:
+                elapsed = time.perf_counter() - start
+                progress.update(
+                    k,
+                    options.steps_per_epoch,
+                    {**_train_values(step), "images/s": k * global_batch / elapsed},
+                )
+        seconds = time.perf_counter() - start
+        record = {"epoch": epoch, **step.metrics()}
+        record["images_per_sec"] = record["steps"] * global_batch / seconds
+        record["seconds"] = seconds
+        record.update(eval_loss=None, eval_accuracy=None)
+        if held_out is not None and options.eval_steps:
+            eval_start = time.perf_counter()
+            record.update(held_out.evaluate(step, options.eval_steps))
+            record["eval_seconds"] = time.perf_counter() - eval_start
+        progress.end(
+            options.steps_per_epoch,
+            seconds,
+            {
+                **_train_values(record),
+                "images/s": record["images_per_sec"],
+                "eval_loss": record["eval_loss"],
+                "eval_accuracy": record["eval_accuracy"],
+            },
+        )
+        metrics_file.write(record)
+        history.append(record)
+    return history
+
+
+def _train_values(source) -> dict[str, float]:
+    values = source.metrics() if isinstance(source, TowerStep) else source
+    return {"loss": values["loss"], "accuracy": values["accuracy"]}

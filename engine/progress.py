@@ -1,0 +1,84 @@
+"""Progress lines a Keras user recognises, and the per-epoch metrics file."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TextIO
+
+
+def format_metrics(values: dict[str, float]) -> str:
+    """` - loss: 0.1234 - accuracy: 0.9650 - images/s: 12345`, None values skipped."""
+    parts = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "images/s":
+            parts.append(f"{key}: {value:.0f}")
+        else:
+            parts.append(f"{key}: {value:.4f}")
+    return "".join(f" - {p}" for p in parts)
+
+
+def bar(done: int, total: int, width: int = 20) -> str:
+    filled = width * done // max(total, 1)
+    return "━" * filled + "─" * (width - filled)
+
+
+class EpochProgress:
+    """Prints `Epoch k/n`, a live step line while it runs, and the final line.
+
+    On a terminal the step line is rewritten in place every `interval` seconds;
+    elsewhere (pipes, CI logs) a line is printed every `interval` seconds, so
+    long epochs still show they are moving.
+    """
+
+    def __init__(self, stream: TextIO = sys.stdout, interval: float | None = None):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval = interval if interval is not None else (0.5 if self.tty else 15.0)
+        self._last = 0.0
+
+    def start(self, epoch: int, epochs: int) -> None:
+        print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        """True when it is time for a live line; cheap enough to ask every step."""
+        return time.monotonic() - self._last >= self.interval
+
+    def update(self, step: int, steps: int, values: dict[str, float]) -> None:
+        self._last = time.monotonic()
+        line = f"{step}/{steps} {bar(step, steps)}{format_metrics(values)}"
+        if self.tty:
+            print("\r" + line + "\x1b[K", end="", file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def end(self, steps: int, seconds: float, values: dict[str, float]) -> None:
+        per_step = 1000.0 * seconds / max(steps, 1)
+        line = (
+            f"{steps}/{steps} {bar(steps, steps)} {seconds:.0f}s {per_step:.0f}ms/step"
+            + format_metrics(values)
+        )
+        prefix = "\r" if self.tty else ""
+        suffix = "\x1b[K" if self.tty else ""
+        print(prefix + line + suffix, file=self.stream, flush=True)
+
+
+class MetricsFile:
+    """Appends one JSON object per epoch to a file, flushed line by line.
+
+    Appending means a second run never erases a first run's lines, and a run
+    that dies keeps every epoch it finished.
+    """
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a") as stream:
+            stream.write(json.dumps(record) + "\n")

@@ -1,0 +1,151 @@
+"""The training and evaluation steps: every tower, the reduction, the update.
+
+Each tower runs forward *and* backward under its own `tf.device`:
+`tape.gradient` is called inside the tower's device scope, otherwise
+TensorFlow would put the backward pass on the current device (the classic
+all-gradients-on-gpu:0 trap). Variables live on the reduce device; towers read
+them. One `tf.function` holds all towers, the reduction and the update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from engine.devices import Placement
+from engine.reduce import Reducer, mean
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerResult:
+    """What one tower computed on its batch."""
+
+    loss: tf.Tensor  # mean over the tower's batch
+    correct: tf.Tensor  # number of right predictions, float32
+    grads: list[tf.Tensor]
+
+
+def sparse_cross_entropy(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
+    """Per-sample cross-entropy of integer labels against softmax outputs."""
+    return keras.losses.sparse_categorical_crossentropy(labels, probs)
+
+
+def count_correct(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
+    predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+    return tf.cast(predicted == labels, tf.float32)
+
+
+def tower_gradients(model: keras.Model, images, labels) -> TowerResult:
+    """Forward and backward of one tower, on the device scope it is called in."""
+    labels = tf.reshape(labels, [-1])
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        probs = model(images, training=True)
+        loss = tf.reduce_mean(sparse_cross_entropy(labels, probs))
+    grads = tape.gradient(loss, variables)
+    return TowerResult(loss, tf.reduce_sum(count_correct(labels, probs)), grads)
+
+
+class TowerStep:
+    """Builds and holds the step functions for one placement.
+
+    Args:
+      model: built once, its variables on the reduce device.
+      optimizer: a Keras optimizer; its slots are created on the reduce device.
+      placement: the towers and the reduce device.
+      reducer: turns the towers' gradient lists into the mean gradients.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        placement: Placement,
+        reducer: Reducer,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.placement = placement
+        self.reducer = reducer
+        with tf.device(placement.reduce_device):
+            optimizer.build(model.trainable_variables)
+            # Running sums for the epoch's averages, read once per progress line.
+            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.samples = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.train = tf.function(self._train)
+        self.evaluate = tf.function(self._evaluate)
+
+    def reset_metrics(self) -> None:
+        for var in (self.loss_sum, self.correct_sum, self.samples):
+            var.assign(0.0)
+        self.steps.assign(0)
+
+    def metrics(self) -> dict[str, float]:
+        """Epoch averages so far: loss as Keras reports it (mean of step losses)."""
+        steps = int(self.steps.numpy())
+        samples = float(self.samples.numpy())
+        return {
+            "steps": steps,
+            "loss": float(self.loss_sum.numpy()) / max(steps, 1),
+            "accuracy": float(self.correct_sum.numpy()) / max(samples, 1.0),
+        }
+
+    def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]):
+        """Mean gradients, mean loss and total correct over the towers' batches.
+
+        `batches[k]` is tower k's (images, labels). Each tower's work is placed
+        on its device; the reduction is the reducer's.
+        """
+        results = []
+        for tower, (images, labels) in zip(self.placement.towers, batches):
+            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+                results.append(tower_gradients(self.model, images, labels))
+        grads = self.reducer([r.grads for r in results], self.placement.devices)
+        with tf.device(self.placement.reduce_device), tf.name_scope("reduce"):
+            loss = mean([r.loss for r in results])
+            correct = tf.add_n([r.correct for r in results])
+        return grads, loss, correct
+
+    def _next_batches(self, iterators):
+        batches = []
+        for tower, iterator in zip(self.placement.towers, iterators):
+            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+                batches.append(next(iterator))
+        return batches
+
+    def _train(self, iterators):
+        batches = self._next_batches(iterators)
+        grads, loss, correct = self.gradients(batches)
+        samples = sum(int(images.shape[0]) for images, _ in batches)
+        with tf.device(self.placement.reduce_device), tf.name_scope("update"):
+            self.optimizer.apply(grads, self.model.trainable_variables)
+            self.loss_sum.assign_add(tf.cast(loss, tf.float64))
+            self.correct_sum.assign_add(tf.cast(correct, tf.float64))
+            self.samples.assign_add(float(samples))
+            self.steps.assign_add(1)
+        return loss
+
+    def _evaluate(self, iterators, valid):
+        """Loss sum, correct count and sample count over the real samples.
+
+        `valid[k]` is how many of tower k's samples are real; the rest are the
+        padding DALI adds to the shard's last batch.
+        """
+        batches = self._next_batches(iterators)
+        sums = []
+        for tower, (images, labels) in zip(self.placement.towers, batches):
+            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+                labels = tf.reshape(labels, [-1])
+                probs = self.model(images, training=False)
+                real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
+                loss = tf.reduce_sum(sparse_cross_entropy(labels, probs) * real)
+                correct = tf.reduce_sum(count_correct(labels, probs) * real)
+                sums.append(tf.stack([loss, correct, tf.reduce_sum(real)]))
+        with tf.device(self.placement.reduce_device), tf.name_scope("reduce"):
+            return tf.add_n(sums)
