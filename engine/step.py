@@ -9,8 +9,8 @@ them. One `tf.function` holds all towers, the reduction and the update.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -19,9 +19,8 @@ from engine.devices import Placement
 from engine.reduce import Reducer, mean
 
 
-@dataclasses.dataclass(frozen=True)
-class TowerResult:
-    """What one tower computed on its batch."""
+class TowerResult(NamedTuple):
+    """What one tower computed on its batch (a tuple, so tf.function returns it)."""
 
     loss: tf.Tensor  # mean over the tower's batch
     correct: tf.Tensor  # number of right predictions, float32

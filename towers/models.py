@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 
 import keras
@@ -66,6 +68,8 @@ def resolve(name: str) -> Callable[..., keras.Model]:
             "package.module:function"
         )
     module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own code
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

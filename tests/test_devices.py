@@ -1,0 +1,106 @@
+"""--devices and --reduce-device: parsing, resolution, and their errors."""
+
+import pytest
+
+from engine.devices import DeviceError, DeviceRequest, canonical, parse_request, resolve
+
+CPU2 = ["/cpu:0", "/cpu:1"]
+GPU4 = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"]
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("/gpu:1", "/gpu:1"),
+        ("/GPU:1", "/gpu:1"),
+        ("/device:GPU:1", "/gpu:1"),
+        ("/job:localhost/replica:0/task:0/device:CPU:3", "/cpu:3"),
+        ("/cpu:0", "/cpu:0"),
+        ("gpu:1", None),
+        ("/tpu:0", None),
+        ("/job:worker/task:1/device:GPU:0", None),
+    ],
+)
+def test_canonical_names(name, expected):
+    assert canonical(name) == expected
+
+
+def test_gpu_indices_become_gpu_towers_in_order():
+    request = parse_request("2,0,1")
+    assert request.towers == ("/gpu:2", "/gpu:0", "/gpu:1")
+    assert request.logical_cpus is None
+
+
+def test_cpu_split_makes_n_logical_cpu_towers():
+    request = parse_request("cpu:4")
+    assert request.towers == ("/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3")
+    assert request.logical_cpus == 4
+
+
+def test_all_defers_to_what_exists():
+    assert parse_request("all") == DeviceRequest(towers=None)
+    assert resolve(parse_request("all"), GPU4).devices == (
+        "/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"
+    )
+    assert resolve(parse_request("all"), CPU2).devices == ("/cpu:0", "/cpu:1")
+
+
+def test_explicit_names_mix_with_indices():
+    placement = resolve(parse_request("/gpu:1, 3", "/gpu:0"), GPU4)
+    assert placement.devices == ("/gpu:1", "/gpu:3")
+    assert placement.reduce_device == "/gpu:0"
+    assert [t.gpu_index for t in placement.towers] == [1, 3]
+    assert [(t.index, t.num_towers) for t in placement.towers] == [(0, 2), (1, 2)]
+
+
+def test_reduce_device_defaults_to_host_cpu():
+    assert resolve(parse_request("0,1"), GPU4).reduce_device == "/cpu:0"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", r"^--devices is empty; give GPU indices"),
+        ("   ", r"^--devices is empty"),
+        ("0,1,0", r"^--devices '0,1,0': /gpu:0 is listed twice"),
+        ("/cpu:1,/device:CPU:1", r"/cpu:1 is listed twice"),
+        ("cpu:0", r"^--devices 'cpu:0': N must be at least 1 for cpu:N, got 0"),
+        ("cpu:-2", r"N must be at least 1 for cpu:N, got -2"),
+        ("0,x", r"^--devices '0,x': 'x' is not a GPU index or a device name"),
+        ("cpu:2,0", r"'cpu:2' is not a GPU index or a device name"),
+    ],
+)
+def test_malformed_specs_are_refused_with_the_value(spec, message):
+    with pytest.raises(DeviceError, match=message):
+        parse_request(spec)
+
+
+def test_bad_reduce_device_name_is_refused():
+    with pytest.raises(DeviceError, match=r"^--reduce-device 'gpu0' is not a device name"):
+        parse_request("cpu:2", "gpu0")
+
+
+def test_missing_gpu_lists_devices_that_exist():
+    with pytest.raises(DeviceError) as err:
+        resolve(parse_request("0,1"), ["/cpu:0"])
+    assert str(err.value) == (
+        "--devices: GPU 0 does not exist; devices here: /cpu:0 "
+        "(no GPU here: use --devices cpu:N for N CPU towers)"
+    )
+
+
+def test_unknown_gpu_index_on_a_gpu_machine():
+    with pytest.raises(DeviceError) as err:
+        resolve(parse_request("3,4"), GPU4)
+    assert str(err.value) == (
+        "--devices: GPU 4 does not exist; devices here: "
+        "/cpu:0, /gpu:0, /gpu:1, /gpu:2, /gpu:3"
+    )
+
+
+def test_missing_reduce_device_lists_devices_that_exist():
+    with pytest.raises(DeviceError) as err:
+        resolve(parse_request("cpu:2", "/cpu:2"), CPU2)
+    assert str(err.value) == (
+        "--reduce-device /cpu:2 does not exist; devices here: /cpu:0, /cpu:1"
+    )

@@ -1,0 +1,118 @@
+"""The towers' step: the mean gradient, where it is computed, and the update."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from engine.devices import DeviceRequest, resolve
+from engine.reduce import CentralMean
+from engine.step import TowerStep, tower_gradients
+from towers import models
+
+BATCH = 16
+VISIBLE = [f"/cpu:{k}" for k in range(4)]
+
+
+def make_step(num_towers, optimizer=None, reduce_device="/cpu:0"):
+    towers = tuple(VISIBLE[:num_towers])
+    placement = resolve(DeviceRequest(towers, reduce_device=reduce_device), VISIBLE)
+    keras.utils.set_random_seed(1)
+    with tf.device(placement.reduce_device):
+        model = models.mlp((28, 28, 1), 10, dropout=0.0)  # deterministic
+        optimizer = optimizer or keras.optimizers.SGD(0.1)
+    return TowerStep(
+        model=model,
+        optimizer=optimizer,
+        placement=placement,
+        reducer=CentralMean(placement.reduce_device),
+    )
+
+
+def tower_batches(digits, step):
+    """Real digits, BATCH per tower, each batch placed on its tower's device."""
+    n = len(step.placement.towers)
+    images = digits.train_images[: n * BATCH, :, :, None].astype(np.float32) / 255.0
+    labels = digits.train_labels[: n * BATCH, None].astype(np.int32)
+    batches = []
+    for k, tower in enumerate(step.placement.towers):
+        with tf.device(tower.device):
+            part = slice(k * BATCH, (k + 1) * BATCH)
+            batches.append((tf.identity(images[part]), tf.identity(labels[part])))
+    return images, labels, batches
+
+
+@pytest.mark.parametrize("num_towers", [1, 2, 4])
+def test_mean_of_towers_equals_one_device_on_the_whole_batch(digits, num_towers):
+    step = make_step(num_towers)
+    images, labels, batches = tower_batches(digits, step)
+
+    towers_grads, loss, _ = tf.function(step.gradients)(batches)
+    with tf.device("/cpu:0"):
+        whole = tf.function(lambda x, y: tower_gradients(step.model, x, y))(images, labels)
+
+    assert len(towers_grads) == len(whole.grads) == 4
+    for got, want in zip(towers_grads, whole.grads):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(loss.numpy(), whole.loss.numpy(), rtol=1e-5)
+
+
+def test_update_applies_the_mean_not_the_sum(digits):
+    step = make_step(2, keras.optimizers.SGD(0.5))
+    images, labels, batches = tower_batches(digits, step)
+    before = [v.numpy() for v in step.model.trainable_variables]
+    with tf.device("/cpu:0"):
+        whole = tower_gradients(step.model, images, labels)
+
+    step.train([iter([b]) for b in batches])  # plain iterators, one batch each
+
+    for old, new, grad in zip(before, step.model.trainable_variables, whole.grads):
+        np.testing.assert_allclose(new.numpy(), old - 0.5 * grad.numpy(), atol=2e-6)
+    metrics = step.metrics()
+    assert metrics["steps"] == 1
+    np.testing.assert_allclose(metrics["loss"], whole.loss.numpy(), rtol=1e-5)
+
+
+TRANSFERS = ("_Send", "_Recv", "_HostSend", "_HostRecv")
+
+
+def assigned_devices(function, *args):
+    """{node name: device short name} of the partitioned graphs TensorFlow ran.
+
+    Transfers are left out: a _Recv is named after the tensor it receives but
+    runs on the receiving device.
+    """
+    context.enable_run_metadata()
+    try:
+        function(*args)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    return {
+        node.name: node.device.rsplit("/", 1)[-1]
+        for graph in metadata.function_graphs
+        for partition in graph.partition_graphs
+        for node in partition.node
+        if node.op not in TRANSFERS
+    }
+
+
+def test_each_tower_runs_its_backward_pass_on_its_own_device(digits):
+    step = make_step(4, reduce_device="/cpu:3")
+    _, _, batches = tower_batches(digits, step)
+    devices = assigned_devices(tf.function(step.gradients), batches)
+
+    for k in range(4):
+        backward = {
+            d for name, d in devices.items() if name.startswith(f"gradient_tape/tower_{k}/")
+        }
+        forward = {
+            d for name, d in devices.items()
+            # Reading a variable runs where the variable lives, on the reduce device.
+            if name.startswith(f"tower_{k}/") and not name.endswith("ReadVariableOp")
+        }
+        assert backward == {f"device:CPU:{k}"}
+        assert forward == {f"device:CPU:{k}"}
+    mean_ops = {d for name, d in devices.items() if name.startswith("reduce/")}
+    assert mean_ops == {"device:CPU:3"}
