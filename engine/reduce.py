@@ -14,6 +14,8 @@ from typing import Protocol
 
 import tensorflow as tf
 
+from engine import scopes
+
 
 class Reducer(Protocol):
     def __call__(
@@ -35,7 +37,7 @@ class CentralMean:
 
     def __call__(self, tower_grads, devices):
         _check_aligned(tower_grads, devices)
-        with tf.device(self.reduce_device), tf.name_scope("reduce"):
+        with tf.device(self.reduce_device), tf.name_scope(scopes.REDUCE):
             return [mean(grads) for grads in zip(*tower_grads)]
 
 

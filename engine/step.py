@@ -15,6 +15,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from engine import scopes
 from engine.devices import Placement
 from engine.reduce import Reducer, mean
 
@@ -103,10 +104,10 @@ class TowerStep:
         """
         results = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
-            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+            with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 results.append(tower_gradients(self.model, images, labels))
         grads = self.reducer([r.grads for r in results], self.placement.devices)
-        with tf.device(self.placement.reduce_device), tf.name_scope("reduce"):
+        with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             loss = mean([r.loss for r in results])
             correct = tf.add_n([r.correct for r in results])
         return grads, loss, correct
@@ -114,7 +115,7 @@ class TowerStep:
     def _next_batches(self, iterators):
         batches = []
         for tower, iterator in zip(self.placement.towers, iterators):
-            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+            with tf.device(tower.device), tf.name_scope(scopes.input_scope(tower.index)):
                 batches.append(next(iterator))
         return batches
 
@@ -122,7 +123,7 @@ class TowerStep:
         batches = self._next_batches(iterators)
         grads, loss, correct = self.gradients(batches)
         samples = sum(int(images.shape[0]) for images, _ in batches)
-        with tf.device(self.placement.reduce_device), tf.name_scope("update"):
+        with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             self.optimizer.apply(grads, self.model.trainable_variables)
             self.loss_sum.assign_add(tf.cast(loss, tf.float64))
             self.correct_sum.assign_add(tf.cast(correct, tf.float64))
@@ -139,12 +140,12 @@ class TowerStep:
         batches = self._next_batches(iterators)
         sums = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
-            with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+            with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 labels = tf.reshape(labels, [-1])
                 probs = self.model(images, training=False)
                 real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
                 loss = tf.reduce_sum(sparse_cross_entropy(labels, probs) * real)
                 correct = tf.reduce_sum(count_correct(labels, probs) * real)
                 sums.append(tf.stack([loss, correct, tf.reduce_sum(real)]))
-        with tf.device(self.placement.reduce_device), tf.name_scope("reduce"):
+        with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             return tf.add_n(sums)

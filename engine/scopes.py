@@ -1,0 +1,44 @@
+"""Name scopes of the step's ops, and who an op belongs to by its name.
+
+The step puts tower k's forward pass under `tower_k/` (its backward pass then
+gets `gradient_tape/tower_k/`), the fetch of tower k's batch under `input_k/`,
+and the reduction and update under `reduce/` and `update/`. TensorFlow makes a
+reused scope unique by appending `_1`, `_2`, ...; the owner ignores that.
+"""
+
+from __future__ import annotations
+
+import re
+
+REDUCE = "reduce"
+UPDATE = "update"
+
+_TOWER = re.compile(r"^(?:gradient_tape/)?tower_(\d+)(?:_\d+)?/")
+_INPUT = re.compile(r"^input_(\d+)(?:_\d+)?/")
+_REDUCE = re.compile(rf"^(?:gradient_tape/)?(?:{REDUCE}|{UPDATE})(?:_\d+)?/")
+
+
+def tower_scope(index: int) -> str:
+    return f"tower_{index}"
+
+
+def input_scope(index: int) -> str:
+    return f"input_{index}"
+
+
+def owner(name: str) -> int | str:
+    """Tower index, `input`, `reduce` or `other` for an op named `name`."""
+    match = _TOWER.match(name)
+    if match:
+        return int(match.group(1))
+    if _INPUT.match(name):
+        return "input"
+    if _REDUCE.match(name):
+        return "reduce"
+    return "other"
+
+
+def input_tower(name: str) -> int | None:
+    """The tower whose batch an `input_k/` op fetches, else None."""
+    match = _INPUT.match(name)
+    return int(match.group(1)) if match else None
