@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -38,6 +39,11 @@ class LoopOptions:
             raise ValueError(f"--eval-steps ({self.eval_steps}) must be 0 or more")
 
 
+def plain_call(kind: str, function: Callable, *args):
+    """Runs a step as it is; a placement log replaces this to capture steps."""
+    return function(*args)
+
+
 class HeldOut:
     """The towers' held-out iterators, and how far into a pass they are.
 
@@ -57,13 +63,16 @@ class HeldOut:
     def full_pass(self) -> int:
         return data.eval_batches(self.size, self.batch_size, self.num_towers)
 
-    def evaluate(self, step: TowerStep, num_steps: int) -> dict[str, float]:
+    def evaluate(
+        self, step: TowerStep, num_steps: int, call: Callable = plain_call
+    ) -> dict[str, float]:
         totals = tf.zeros([3], tf.float32)
         for _ in range(num_steps):
             valid = data.valid_counts(
                 self.size, self.batch_size, self.num_towers, self.position
             )
-            totals += step.evaluate(self.iterators, tf.constant(valid, tf.int32))
+            valid = tf.constant(valid, tf.int32)
+            totals += call("eval", step.evaluate, self.iterators, valid)
             self.position += 1
         loss, correct, samples = totals.numpy().tolist()
         return {
@@ -79,8 +88,12 @@ def run(
     held_out: HeldOut | None,
     options: LoopOptions,
     progress: EpochProgress,
+    call: Callable = plain_call,
 ) -> list[dict]:
-    """Trains for `options.epochs` epochs and returns one record per epoch."""
+    """Trains for `options.epochs` epochs and returns one record per epoch.
+
+    Every step runs as `call(kind, function, *args)`, kind `train` or `eval`.
+    """
     metrics_file = MetricsFile(options.metrics_path)
     global_batch = sum(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
@@ -91,7 +104,7 @@ def run(
         step.reset_metrics()
         start = time.perf_counter()
         for k in range(1, options.steps_per_epoch + 1):
-            step.train(train_iterators)
+            call("train", step.train, train_iterators)
             if progress.due() and k < options.steps_per_epoch:
                 elapsed = time.perf_counter() - start
                 progress.update(
@@ -106,7 +119,7 @@ def run(
         record.update(eval_loss=None, eval_accuracy=None)
         if held_out is not None and options.eval_steps:
             eval_start = time.perf_counter()
-            record.update(held_out.evaluate(step, options.eval_steps))
+            record.update(held_out.evaluate(step, options.eval_steps, call))
             record["eval_seconds"] = time.perf_counter() - eval_start
         progress.end(
             options.steps_per_epoch,

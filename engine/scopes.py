@@ -15,6 +15,9 @@ UPDATE = "update"
 
 _TOWER = re.compile(r"^(?:gradient_tape/)?tower_(\d+)(?:_\d+)?/")
 _INPUT = re.compile(r"^input_(\d+)(?:_\d+)?/")
+# The step functions take the towers' iterators as an argument named
+# `iterators`; TensorFlow names the argument nodes iterators, iterators_1, ...
+_ITERATOR_ARGS = re.compile(r"^iterators(?:_\d+)?$")
 _REDUCE = re.compile(rf"^(?:gradient_tape/)?(?:{REDUCE}|{UPDATE})(?:_\d+)?/")
 
 
@@ -31,7 +34,7 @@ def owner(name: str) -> int | str:
     match = _TOWER.match(name)
     if match:
         return int(match.group(1))
-    if _INPUT.match(name):
+    if _INPUT.match(name) or _ITERATOR_ARGS.match(name):
         return "input"
     if _REDUCE.match(name):
         return "reduce"

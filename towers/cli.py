@@ -29,8 +29,8 @@ def fail(prog: str, message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-class OneLineErrors(click.Command):
-    """A click command whose usage errors are one line, exit code 2."""
+class OneLineErrors:
+    """Mixin for click commands and groups: usage errors are one line, exit 2."""
 
     def main(self, args=None, **kwargs):
         try:
@@ -43,7 +43,15 @@ class OneLineErrors(click.Command):
             fail(self.name, str(err))
 
 
-@click.command(name="tower-train", cls=OneLineErrors)
+class OneLineCommand(OneLineErrors, click.Command):
+    pass
+
+
+class OneLineGroup(OneLineErrors, click.Group):
+    pass
+
+
+@click.command(name="tower-train", cls=OneLineCommand)
 @click.option(
     "--devices",
     default="all",
@@ -90,6 +98,15 @@ class OneLineErrors(click.Command):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--metrics", "metrics_path", default=None,
               help="Append one JSON line per epoch to this file.")
+@click.option("--placement-log", default=None,
+              help="Write where every op of the first train and eval steps really "
+              "ran, and what crossed devices, to this JSON Lines file; a summary "
+              "is printed at the end.")
+@click.option("--strict-placement", is_flag=True,
+              help="Stop after the first step if any tower op ran outside its "
+              "tower's device.")
+@click.option("--log-device-placement", is_flag=True,
+              help="Also turn on TensorFlow's own device placement printout.")
 @click.option("--dali-threads", default=2, show_default=True, type=int,
               help="DALI worker threads per tower pipeline.")
 @click.option("--prefetch", default=2, show_default=True, type=int,
@@ -108,6 +125,9 @@ def tower_train(
     lr,
     seed,
     metrics_path,
+    placement_log,
+    strict_placement,
+    log_device_placement,
     dali_threads,
     prefetch,
 ):
@@ -125,14 +145,21 @@ def tower_train(
     ):
         if value < least:
             raise UsageFailure(f"{flag} ({value}) must be at least {least}")
-    if metrics_path and not os.path.isdir(os.path.dirname(os.path.abspath(metrics_path))):
-        raise UsageFailure(f"--metrics {metrics_path!r}: its directory does not exist")
+    for flag, path in (("--metrics", metrics_path), ("--placement-log", placement_log)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageFailure(f"{flag} {path!r}: its directory does not exist")
 
     # A --data the user gave is checked now, before TensorFlow loads; the
     # default MNIST is prepared only once the devices are known to be good.
     given = data_path is not None or data_format == "synthetic"
     info = _inspect(data_path, data_format) if given else None
+    if log_device_placement:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
     import_tensorflow()
+    if log_device_placement:
+        import tensorflow as tf
+
+        tf.debugging.set_log_device_placement(True)
     try:
         placement = devs.configure(request)
     except devs.DeviceError as err:
@@ -176,9 +203,10 @@ def tower_train(
             lr, note = train.default_learning_rate(optimizer, batch_size * towers)
         model_options = train.ModelOptions(model, optimizer, lr, seed, note)
         loop_options = loop.LoopOptions(epochs, num_steps, eval_steps, metrics_path)
+        placement_options = train.PlacementOptions(placement_log, strict_placement)
     except ValueError as err:
         raise UsageFailure(str(err))
-    _train(placement, data_options, model_options, loop_options, info)
+    _train(placement, data_options, model_options, loop_options, info, placement_options)
 
 
 def _inspect(data_path, data_format):
@@ -206,17 +234,20 @@ def _default_dataset(data_format):
     return _inspect(DEFAULT_DATA, data_format)
 
 
-def _train(placement, data_options, model_options, loop_options, info):
+def _train(placement, *options):
     import tensorflow as tf
 
     from engine.data import GpuUnavailableError
+    from engine.placement import StrayPlacementError
     from towers import train
     from towers.models import ModelError
 
     try:
-        train.train(placement, data_options, model_options, loop_options, info)
+        train.train(placement, *options)
     except (ModelError, GpuUnavailableError) as err:
         raise UsageFailure(str(err))
+    except StrayPlacementError as err:
+        fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
         first = str(err.message).strip().splitlines()[0]
         fail("tower-train", f"training failed: {first}", 1)

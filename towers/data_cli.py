@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import click
 
-from towers.cli import UsageFailure, fail
-
-
-class OneLineGroup(click.Group):
-    def main(self, args=None, **kwargs):
-        try:
-            return super().main(args, standalone_mode=False, **kwargs)
-        except click.UsageError as err:
-            fail("tower-data", err.format_message().replace("\n", " "))
-        except UsageFailure as err:
-            fail("tower-data", str(err))
+from towers.cli import OneLineGroup, UsageFailure
 
 
 @click.group(name="tower-data", cls=OneLineGroup)

@@ -13,8 +13,9 @@ from typing import TextIO
 import keras
 import tensorflow as tf
 
-from engine import data, loop
+from engine import data, loop, placement_report
 from engine.devices import Placement
+from engine.placement import PlacementLog, RunInfo
 from engine.progress import EpochProgress
 from engine.reduce import CentralMean
 from engine.step import TowerStep
@@ -70,6 +71,25 @@ class ModelOptions:
             )
         if not self.learning_rate > 0:
             raise ValueError(f"--lr ({self.learning_rate}) must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementOptions:
+    """What to record about placement.
+
+    Attributes:
+      log_path: JSON Lines file for the runtime placement of the first train
+        and eval steps, or None.
+      strict: stop after the first captured step if any tower op ran outside
+        its tower's device.
+    """
+
+    log_path: str | None = None
+    strict: bool = False
+
+    @property
+    def capture(self) -> bool:
+        return self.log_path is not None or self.strict
 
 
 @dataclasses.dataclass
@@ -167,19 +187,42 @@ def train(
     model_options: ModelOptions,
     loop_options: loop.LoopOptions,
     info: data.DatasetInfo,
+    placement_options: PlacementOptions = PlacementOptions(),
     stream: TextIO = sys.stdout,
 ) -> list[dict]:
     """Builds the towers and runs the loop; returns one record per epoch."""
     towers = build(placement, data_options, model_options, info.val_size)
+    model = towers.step.model
     print(
-        describe(placement, data_options, towers.step.model, model_options, info),
+        describe(placement, data_options, model, model_options, info),
         file=stream,
         flush=True,
     )
-    return loop.run(
+    log = None
+    call = loop.plain_call
+    if placement_options.capture:
+        variables = model.trainable_variables
+        run_info = RunInfo(
+            towers=placement.devices,
+            reduce_device=placement.reduce_device,
+            parameters=sum(int(v.numpy().size) for v in variables),
+            parameter_bytes=sum(int(v.numpy().nbytes) for v in variables),
+            batch_size=data_options.batch_size,
+            model=model.name,
+        )
+        log = PlacementLog(
+            placement_options.log_path, run_info, strict=placement_options.strict
+        )
+        call = log.call
+    history = loop.run(
         towers.step,
         towers.train_iterators,
         towers.held_out,
         loop_options,
         EpochProgress(stream),
+        call,
     )
+    if placement_options.log_path:
+        print(placement_report.summary(log.entries), file=stream)
+        print(f"placement log: {placement_options.log_path}", file=stream, flush=True)
+    return history

@@ -1,0 +1,232 @@
+"""Runtime placement of a step: where every op ran and what crossed devices.
+
+TensorFlow's partitioned graphs say where each op was really placed; the
+pre-optimization graph says where it was asked to go. Both come from run
+metadata collected around one call of a `tf.function`
+(`context.enable_run_metadata()`, call, `export_run_metadata()`); other calls
+run without it. Cross-device edges appear as `_Send`/`_Recv` (or
+`_HostSend`/`_HostRecv`) pairs; a `_Send` carries no shape, so the sent tensor
+(`name:port`) is looked up in the concrete function's graph.
+
+Log schema (JSON Lines), one object per line:
+  {"kind": "run", "towers": [device, ...], "reduce_device": str,
+   "parameter_bytes": int, "parameters": int, "batch_size": int,
+   "reducer": "central", "model": str}
+  {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
+   "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
+   "input_tower": int|null, "stray": str|null}
+  {"kind": "transfer", "step": "train"|"eval", "tensor": "name:port",
+   "src": str, "dst": str, "dtype": str, "shape": [int]|null,
+   "bytes": int|null, "via": "_Send"|"_HostSend"}
+Devices are written short (`/cpu:1`) when local, in full otherwise; `bytes` is
+per call of the step and null when the size cannot be known (never 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import op_def_registry
+
+from engine import scopes
+from engine.devices import canonical
+
+SENDS = ("_Send", "_HostSend")
+RECVS = ("_Recv", "_HostRecv")
+# Ops TensorFlow adds to hold a function's arguments and results: they go
+# wherever their tensors are.
+PLUMBING = ("_Arg", "_Retval", "NoOp", "Identity", "IdentityN")
+
+
+class StrayPlacementError(RuntimeError):
+    """--strict-placement found tower ops outside their tower's device."""
+
+
+def short_device(name: str) -> str:
+    """`/cpu:1` for a local device name, the name itself otherwise."""
+    return canonical(name) or name
+
+
+def collect(function: Callable, *args):
+    """Calls `function(*args)` once with run metadata on.
+
+    Returns:
+      (result, RunMetadata).
+    """
+    context.enable_run_metadata()
+    try:
+        result = function(*args)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    return result, metadata
+
+
+def _takes_resource(op_type: str) -> bool:
+    """True for ops that read or write a resource: they run where it lives."""
+    op_def = op_def_registry.get(op_type)
+    return bool(op_def) and any(
+        arg.type == tf.resource.as_datatype_enum for arg in op_def.input_arg
+    )
+
+
+def _static_shape(graph: tf.Graph | None, tensor: str) -> list[int] | None:
+    if graph is None:
+        return None
+    name, _, port = tensor.partition(":")
+    try:
+        op = graph.get_operation_by_name(name)
+        shape = op.outputs[int(port or 0)].shape
+    except (KeyError, ValueError, IndexError):
+        return None
+    if shape.rank is None or None in shape.as_list():
+        return None
+    return shape.as_list()
+
+
+def _bytes(dtype: tf.DType, shape: list[int] | None) -> int | None:
+    if shape is None or dtype in (tf.resource, tf.variant, tf.string):
+        return None
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count * dtype.size
+
+
+def records(
+    metadata,
+    step: str,
+    towers: Sequence[str],
+    graph: tf.Graph | None = None,
+) -> list[dict]:
+    """Op and transfer records of one captured call.
+
+    Args:
+      metadata: RunMetadata from `collect`.
+      step: `train` or `eval`, written into every record.
+      towers: the towers' devices (short names), by tower index.
+      graph: the concrete function's graph, to find the shapes of sent tensors.
+    """
+    out = []
+    for function_graph in metadata.function_graphs:
+        requested = {
+            node.name: node.device for node in function_graph.pre_optimization_graph.node
+        }
+        for partition in function_graph.partition_graphs:
+            for node in partition.node:
+                if node.op in RECVS:
+                    continue
+                if node.op in SENDS:
+                    out.append(_transfer(node, step, graph))
+                else:
+                    out.append(_op(node, step, requested.get(node.name) or None, towers))
+    return out
+
+
+def _transfer(node, step: str, graph) -> dict:
+    dtype = tf.dtypes.as_dtype(node.attr["T"].type)
+    tensor = node.input[0]
+    shape = _static_shape(graph, tensor)
+    return {
+        "kind": "transfer",
+        "step": step,
+        "tensor": tensor if ":" in tensor else tensor + ":0",
+        "src": short_device(node.attr["send_device"].s.decode()),
+        "dst": short_device(node.attr["recv_device"].s.decode()),
+        "dtype": dtype.name,
+        "shape": shape,
+        "bytes": _bytes(dtype, shape),
+        "via": node.op,
+    }
+
+
+def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
+    assigned = short_device(node.device)
+    wanted = short_device(requested) if requested else None
+    owner = scopes.owner(node.name)
+    stray = None
+    if node.op not in PLUMBING and not _takes_resource(node.op):
+        if isinstance(owner, int) and owner < len(towers) and assigned != towers[owner]:
+            stray = f"tower {owner} op ran on {assigned}, not on {towers[owner]}"
+        elif wanted and canonical(wanted) and assigned != wanted:
+            stray = f"asked for {wanted}, moved to {assigned} by soft placement"
+    return {
+        "kind": "op",
+        "step": step,
+        "name": node.name,
+        "op": node.op,
+        "requested": wanted,
+        "assigned": assigned,
+        "tower": owner,
+        "input_tower": scopes.input_tower(node.name),
+        "stray": stray,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What the summary needs to know about the run besides the graphs."""
+
+    towers: tuple[str, ...]
+    reduce_device: str
+    parameters: int
+    parameter_bytes: int
+    batch_size: int
+    model: str
+    reducer: str = "central"
+
+    def record(self) -> dict:
+        return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers)}
+
+
+class PlacementLog:
+    """Captures the first call of each step kind and writes the log.
+
+    `call(kind, function, *args)` runs the step; the first call of each kind is
+    captured, the rest run plainly. With `strict`, stray ops raise
+    StrayPlacementError right after the captured call. With no `path` the log
+    is kept in memory only (for `--strict-placement` alone).
+    """
+
+    def __init__(self, path: str | None, info: RunInfo, *, strict: bool = False):
+        self.path = path
+        self.info = info
+        self.strict = strict
+        self.entries: list[dict] = [info.record()]
+        self._captured: set[str] = set()
+
+    def call(self, kind: str, function, *args):
+        if kind in self._captured:
+            return function(*args)
+        result, metadata = collect(function, *args)
+        graph = function.get_concrete_function(*args).graph
+        new = records(metadata, kind, self.info.towers, graph)
+        self.entries.extend(new)
+        self._captured.add(kind)
+        self.write()
+        strays = [r for r in new if r["kind"] == "op" and r["stray"]]
+        if self.strict and strays:
+            raise StrayPlacementError(stray_message(strays))
+        return result
+
+    def write(self) -> None:
+        """Writes every entry so far, replacing the file in one rename."""
+        if self.path is None:
+            return
+        partial = self.path + ".partial"
+        with open(partial, "w") as stream:
+            for entry in self.entries:
+                stream.write(json.dumps(entry) + "\n")
+        os.replace(partial, self.path)
+
+
+def stray_message(strays: Sequence[dict]) -> str:
+    """One line naming the stray ops and where they ran."""
+    shown = "; ".join(f"{r['name']} ({r['op']}): {r['stray']}" for r in strays[:5])
+    more = f"; and {len(strays) - 5} more" if len(strays) > 5 else ""
+    return f"--strict-placement: {len(strays)} stray op(s) in the {strays[0]['step']} step: {shown}{more}"

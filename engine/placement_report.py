@@ -1,0 +1,170 @@
+"""Reading placement logs: the summary, the expected traffic, and diffs."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Sequence
+
+STEPS = ("train", "eval")
+
+
+def load(path: str) -> list[dict]:
+    """The entries of a placement log (the schema is in engine/placement.py)."""
+    with open(path) as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def ops(entries: Iterable[dict], step: str) -> list[dict]:
+    return [e for e in entries if e["kind"] == "op" and e["step"] == step]
+
+
+def transfers(entries: Iterable[dict], step: str) -> list[dict]:
+    return [e for e in entries if e["kind"] == "transfer" and e["step"] == step]
+
+
+def run_info(entries: Sequence[dict]) -> dict:
+    return next(e for e in entries if e["kind"] == "run")
+
+
+def devices(entries: Iterable[dict]) -> list[str]:
+    """Every device that ran an op or sent or received a tensor, sorted."""
+    found = set()
+    for e in entries:
+        if e["kind"] == "op":
+            found.add(e["assigned"])
+        elif e["kind"] == "transfer":
+            found.update((e["src"], e["dst"]))
+    return sorted(found)
+
+
+def matrix(entries: Iterable[dict], step: str) -> dict[tuple[str, str], int]:
+    """Known bytes per call of the step, by (source, destination) device."""
+    out: dict[tuple[str, str], int] = collections.Counter()
+    for t in transfers(entries, step):
+        if t["bytes"] is not None:
+            out[(t["src"], t["dst"])] += t["bytes"]
+    return dict(out)
+
+
+def expected_bytes(info: dict, step: str) -> int:
+    """What the central mean should move per step, variables on the reduce device.
+
+    Each tower off the reduce device receives every variable (forward and
+    backward read them) and, in training, sends its gradients back: 2 x
+    parameter bytes per such tower for `train`, 1 x for `eval`.
+    """
+    remote = sum(1 for d in info["towers"] if d != info["reduce_device"])
+    per_tower = 2 if step == "train" else 1
+    return per_tower * remote * info["parameter_bytes"]
+
+
+def strays(entries: Iterable[dict]) -> list[dict]:
+    return [e for e in entries if e["kind"] == "op" and e["stray"]]
+
+
+def _owner_label(owner) -> str:
+    return f"tower {owner}" if isinstance(owner, int) else owner
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> list[str]:
+    cells = [list(map(str, headers))] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        first = row[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("    " + "  ".join([first, *rest]).rstrip())
+    return lines
+
+
+def _fmt(value) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def summary(entries: Sequence[dict]) -> str:
+    """The end-of-run report: ops per device, traffic, expectation, strays."""
+    info = run_info(entries)
+    lines = []
+    for step in STEPS:
+        step_ops = ops(entries, step)
+        if not step_ops:
+            continue
+        lines.append(f"placement of the {step} step ({len(step_ops)} ops):")
+        order = {"input": 0, "reduce": 1, "other": 2}
+        owners = sorted(
+            {o["tower"] for o in step_ops},
+            key=lambda x: (-1, x) if isinstance(x, int) else (order[x], 0),
+        )
+        counts = collections.Counter((o["assigned"], o["tower"]) for o in step_ops)
+        rows = [
+            [device, *(counts.get((device, owner), 0) for owner in owners)]
+            for device in sorted({o["assigned"] for o in step_ops})
+        ]
+        lines.append("  ops per device:")
+        lines += _table(["device", *map(_owner_label, owners)], rows)
+
+        moved = matrix(entries, step)
+        names = devices(e for e in entries if e.get("step") == step)
+        lines.append("  bytes sent per step (row: from, column: to):")
+        lines += _table(
+            ["from \\ to", *names],
+            [[src, *(moved.get((src, dst), "-") for dst in names)] for src in names],
+        )
+        total = sum(moved.values())
+        unknown = sum(1 for t in transfers(entries, step) if t["bytes"] is None)
+        want = expected_bytes(info, step)
+        ratio = f" ({100.0 * total / want:.1f}%)" if want else ""
+        lines.append(
+            f"  total {total:,} bytes per step{ratio}; the {info['reducer']} mean should "
+            f"move {want:,} ({'2' if step == 'train' else '1'} x "
+            f"{info['parameter_bytes']:,} parameter bytes per tower off "
+            f"{info['reduce_device']})"
+            + (f"; {unknown} transfer(s) of unknown size" if unknown else "")
+        )
+        step_strays = strays(step_ops)
+        if step_strays:
+            lines.append(f"  stray ops ({len(step_strays)}):")
+            lines += [f"    {s['name']} ({s['op']}): {s['stray']}" for s in step_strays]
+        else:
+            lines.append("  stray ops: none")
+    return "\n".join(lines)
+
+
+def diff(a: Sequence[dict], b: Sequence[dict]) -> str:
+    """What changed from log A to log B: op devices, ops added and removed,
+    and the transfer matrix."""
+    lines = []
+    for step in STEPS:
+        ops_a = {o["name"]: o for o in ops(a, step)}
+        ops_b = {o["name"]: o for o in ops(b, step)}
+        if not ops_a and not ops_b:
+            continue
+        lines.append(f"{step} step:")
+        moved = sorted(
+            n for n in ops_a.keys() & ops_b.keys()
+            if ops_a[n]["assigned"] != ops_b[n]["assigned"]
+        )
+        lines.append(f"  ops that changed device ({len(moved)}):")
+        lines += [
+            f"    {n}: {ops_a[n]['assigned']} -> {ops_b[n]['assigned']}" for n in moved
+        ]
+        for label, only in (("A", ops_a.keys() - ops_b.keys()), ("B", ops_b.keys() - ops_a.keys())):
+            lines.append(f"  ops only in {label} ({len(only)}):")
+            lines += [f"    {n} ({(ops_a if label == 'A' else ops_b)[n]['assigned']})" for n in sorted(only)]
+        mat_a, mat_b = matrix(a, step), matrix(b, step)
+        changes = sorted(
+            (pair, mat_a.get(pair, 0), mat_b.get(pair, 0))
+            for pair in mat_a.keys() | mat_b.keys()
+            if mat_a.get(pair, 0) != mat_b.get(pair, 0)
+        )
+        lines.append(f"  transfer changes, bytes per step ({len(changes)}):")
+        lines += [
+            f"    {src} -> {dst}: {old:,} -> {new:,} ({new - old:+,})"
+            for (src, dst), old, new in changes
+        ]
+        total_a, total_b = sum(mat_a.values()), sum(mat_b.values())
+        lines.append(f"  total: {total_a:,} -> {total_b:,} ({total_b - total_a:+,}) bytes per step")
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""The placement log: runtime devices, bytes moved, strays, diff and picture."""
+
+import json
+import xml.etree.ElementTree as ElementTree
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from engine import placement, placement_report, placement_render
+from engine.reduce import CentralMean
+from engine.step import TowerStep, sparse_cross_entropy
+
+
+def train_with_log(mnist_dir, tmp_path, devices, *extra, name="log.jsonl"):
+    log = tmp_path / name
+    result = run_cli(
+        "tower-train", "--devices", devices, "--data", mnist_dir, "--epochs", "1",
+        "--steps-per-epoch", "3", "--eval-steps", "2", "--placement-log", str(log), *extra,
+    )
+    return result, log
+
+
+@pytest.fixture(scope="module")
+def logs(mnist_dir, tmp_path_factory):
+    """Real logs of two configurations: 2 and 4 CPU towers."""
+    tmp = tmp_path_factory.mktemp("placement")
+    out = {}
+    for n in (2, 4):
+        result, log = train_with_log(mnist_dir, tmp, f"cpu:{n}", name=f"cpu{n}.jsonl")
+        assert result.returncode == 0, result.stderr
+        out[n] = (result, placement_report.load(str(log)))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_towers_run_on_their_devices_and_the_update_on_the_reduce_device(logs, n):
+    _, entries = logs[n]
+    train_ops = placement_report.ops(entries, "train")
+    for k in range(n):
+        forward = {o["assigned"] for o in train_ops
+                   if o["tower"] == k and o["name"].startswith("tower_")
+                   and not o["op"].endswith("VariableOp")}
+        backward = {o["assigned"] for o in train_ops
+                    if o["tower"] == k and o["name"].startswith("gradient_tape/")}
+        assert forward == backward == {f"/cpu:{k}"}
+        fetch = {o["assigned"] for o in train_ops if o["input_tower"] == k}
+        assert fetch == {f"/cpu:{k}"}
+    update = {o["assigned"] for o in train_ops if o["tower"] == "reduce"}
+    assert update == {"/cpu:0"}
+    # Keras' Adam updates with plain ops and assignments to the variables.
+    assert any(o["op"] == "AssignSubVariableOp" for o in train_ops if o["tower"] == "reduce")
+    assert placement_report.strays(entries) == []
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_transfer_matrix_matches_the_parameter_count(logs, n):
+    _, entries = logs[n]
+    info = placement_report.run_info(entries)
+    assert info["parameters"] == 101_770  # 784*128 + 128 + 128*10 + 10
+    assert info["parameter_bytes"] == 4 * 101_770
+    params = info["parameter_bytes"]
+    train = placement_report.matrix(entries, "train")
+    # Each tower off /cpu:0 gets the variables and sends its gradients back;
+    # the rest is a few scalars (loss, correct count): within 1%.
+    assert set(train) == {(s, d) for k in range(1, n)
+                          for s, d in ((f"/cpu:0", f"/cpu:{k}"), (f"/cpu:{k}", "/cpu:0"))}
+    for pair, size in train.items():
+        assert params <= size <= 1.01 * params, (pair, size)
+    total = sum(train.values())
+    assert total == pytest.approx(placement_report.expected_bytes(info, "train"), rel=0.01)
+    evaluation = placement_report.matrix(entries, "eval")
+    assert sum(evaluation.values()) == pytest.approx((n - 1) * params, rel=0.01)
+    assert all(t["bytes"] is not None for t in entries if t["kind"] == "transfer")
+
+
+def test_summary_is_printed_at_the_end_of_the_run(logs):
+    result, _ = logs[2]
+    out = result.stdout
+    assert "placement of the train step" in out and "placement of the eval step" in out
+    assert "    /cpu:1     407,1" in out  # gradients, row from /cpu:1
+    assert "bytes per step (100.0%); the central mean should move 814,160" in out
+    assert out.count("stray ops: none") == 2
+
+
+def test_shapes_of_sent_tensors_are_resolved(logs):
+    _, entries = logs[2]
+    gradients = [t for t in placement_report.transfers(entries, "train")
+                 if t["src"] == "/cpu:1" and t["tensor"].startswith("gradient_tape/")]
+    assert sorted(tuple(t["shape"]) for t in gradients) == [(10,), (128,), (128, 10), (784, 128)]
+    assert sum(t["bytes"] for t in gradients) == 407_080
+
+
+def test_a_tower_op_outside_its_device_is_stray(mnist_dir, tmp_path):
+    result, log = train_with_log(mnist_dir, tmp_path, "cpu:2", "--model",
+                                 "tests.user_models:misplaced")
+    assert result.returncode == 0, result.stderr
+    strays = placement_report.strays(placement_report.load(str(log)))
+    assert {(s["tower"], s["op"], s["assigned"]) for s in strays} == {(1, "Square", "/cpu:0")}
+    assert all("on_host" in s["name"] for s in strays)
+    assert "tower 1 op ran on /cpu:0, not on /cpu:1" in result.stdout
+
+
+def test_strict_placement_stops_on_the_first_step_naming_the_op(mnist_dir, tmp_path):
+    result, log = train_with_log(mnist_dir, tmp_path, "cpu:2", "--model",
+                                 "tests.user_models:misplaced", "--strict-placement")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("tower-train: error: --strict-placement: 1 stray op(s) in the train step: tower_1/")
+    assert "on_host" in line and "(Square): tower 1 op ran on /cpu:0, not on /cpu:1" in line
+    assert "Epoch 1/1" in result.stdout and "1/3" not in result.stdout
+    assert placement_report.strays(placement_report.load(str(log)))  # the log is kept
+
+
+class GradientOffTower(TowerStep):
+    """The classic trap: forward on the tower, tape.gradient outside its scope."""
+
+    def gradients(self, batches):
+        tower_grads, losses = [], []
+        for tower, (images, labels) in zip(self.placement.towers, batches):
+            with tf.GradientTape() as tape:
+                with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
+                    probs = self.model(images, training=True)
+                    loss = tf.reduce_mean(sparse_cross_entropy(tf.reshape(labels, [-1]), probs))
+            tower_grads.append(tape.gradient(loss, self.model.trainable_variables))
+            losses.append(loss)
+        return self.reducer(tower_grads, self.placement.devices), tf.add_n(losses), 0.0
+
+
+def test_gradient_computed_outside_the_tower_scope_is_flagged():
+    from engine.devices import DeviceRequest, resolve
+
+    placement_ = resolve(DeviceRequest(("/cpu:1", "/cpu:2"), reduce_device="/cpu:0"),
+                         [f"/cpu:{k}" for k in range(4)])
+    with tf.device("/cpu:0"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    step = GradientOffTower(model=model, optimizer=keras.optimizers.SGD(0.1),
+                            placement=placement_, reducer=CentralMean("/cpu:0"))
+    batches = []
+    for tower in placement_.towers:
+        with tf.device(tower.device):
+            batches.append((tf.ones([8, 4]), tf.zeros([8, 1], tf.int32)))
+    function = tf.function(step.gradients)
+    _, metadata = placement.collect(function, batches)
+    entries = placement.records(metadata, "train", placement_.devices,
+                                function.get_concrete_function(batches).graph)
+    strays = [e for e in entries if e["kind"] == "op" and e["stray"]]
+    assert {e["tower"] for e in strays} == {0, 1}
+    assert all(e["name"].startswith("gradient_tape/tower_") for e in strays)
+    assert {e["assigned"] for e in strays} == {"/cpu:0"}
+    assert "BiasAddGrad" in {e["op"] for e in strays}  # a backward-only op
+
+
+def test_diff_of_two_configurations(logs, tmp_path):
+    paths = []
+    for n in (2, 4):
+        path = tmp_path / f"{n}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in logs[n][1]))
+        paths.append(str(path))
+    result = run_cli("tower-placement", "diff", *paths)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ops that changed device (0):" in out
+    only_b = [l for l in out.splitlines() if l.strip().startswith(("tower_2/", "tower_3/"))]
+    assert only_b and all(l.rstrip().endswith(("(/cpu:2)", "(/cpu:3)", "(/cpu:0)")) for l in only_b)
+    assert "    /cpu:0 -> /cpu:2: 0 -> 407,112 (+407,112)" in out
+    assert "    /cpu:3 -> /cpu:0: 0 -> 407,104 (+407,104)" in out
+    assert "  total: 814,216 -> 2,442,648 (+1,628,432) bytes per step" in out
+
+
+def test_diff_sees_an_op_change_device(logs, tmp_path):
+    entries = [dict(e) for e in logs[2][1]]
+    moved = next(e for e in entries if e["kind"] == "op" and e["name"].startswith("tower_1/"))
+    moved["assigned"] = "/cpu:0"
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(e) + "\n" for e in logs[2][1]))
+    b.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    out = run_cli("tower-placement", "diff", str(a), str(b)).stdout
+    assert f"ops that changed device (1):\n    {moved['name']}: /cpu:1 -> /cpu:0" in out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_rendered_picture_has_every_device_and_edge(logs, tmp_path, n):
+    entries = logs[n][1]
+    svg = tmp_path / "p.svg"
+    placement_render.render(entries, str(svg))
+    root = ElementTree.parse(svg).getroot()
+    ids = {el.get("id") for el in root.iter() if el.get("id")}
+    texts = " ".join("".join(el.itertext()) for el in root.iter("{http://www.w3.org/2000/svg}text"))
+    devices = placement_report.devices(e for e in entries if e.get("step") == "train")
+    assert devices == [f"/cpu:{k}" for k in range(n)]
+    for device in devices:
+        assert placement_render.element_id("device", device) in ids
+        assert device in texts
+    edges = placement_report.matrix(entries, "train")
+    assert len(edges) == 2 * (n - 1)
+    for (src, dst), size in edges.items():
+        assert placement_render.element_id("edge", src, dst) in ids
+        assert f"{size:,} B/step" in texts
+    drawn = {i for i in ids if i.startswith("edge_")}
+    assert len(drawn) == len(edges)
+
+
+def test_render_command_writes_png_and_dot(logs, tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in logs[2][1]))
+    png, dot = tmp_path / "p.png", tmp_path / "p.dot"
+    assert run_cli("tower-placement", "render", str(path), "-o", str(png)).returncode == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run_cli("tower-placement", "render", str(path), "-o", str(dot), "--step", "eval").returncode == 0
+    text = dot.read_text()
+    sent = placement_report.matrix(logs[2][1], "eval")
+    assert set(sent) == {("/cpu:0", "/cpu:1"), ("/cpu:1", "/cpu:0")}
+    assert sent[("/cpu:1", "/cpu:0")] == 12  # loss sum, correct and count: 3 floats
+    for (src, dst), size in sent.items():
+        assert f'"{src}" -> "{dst}" [label="{size:,} B/step"];' in text
+    bad = run_cli("tower-placement", "render", str(path), "-o", str(tmp_path / "p.gif"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        f"tower-placement: error: -o '{tmp_path / 'p.gif'}': the picture is written as "
+        ".svg, .png, .dot; end the name with one of them"
+    )
+
+
+def test_summary_command_refuses_a_file_that_is_not_a_log(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"epoch": 1}\n')
+    result = run_cli("tower-placement", "summary", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"tower-placement: error: '{path}' is not a placement log: no 'run' record; "
+        "write one with tower-train --placement-log FILE"
+    )
