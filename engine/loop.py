@@ -22,12 +22,17 @@ class LoopOptions:
       steps_per_epoch: training steps per epoch (one step = one batch per tower).
       eval_steps: held-out batches per tower after each epoch; 0 skips it.
       metrics_path: file that gets one JSON line per epoch, or None.
+      check_replicas: with replicated variables, compare the copies every this
+        many steps (0: never) and stop if they differ by more than
+        `replica_tolerance`.
     """
 
     epochs: int
     steps_per_epoch: int
     eval_steps: int
     metrics_path: str | None = None
+    check_replicas: int = 0
+    replica_tolerance: float = 1e-6
 
     def __post_init__(self):
         for name in ("epochs", "steps_per_epoch"):
@@ -37,6 +42,8 @@ class LoopOptions:
                 raise ValueError(f"{flag} ({value}) must be a positive integer")
         if self.eval_steps < 0:
             raise ValueError(f"--eval-steps ({self.eval_steps}) must be 0 or more")
+        if self.check_replicas < 0:
+            raise ValueError(f"--check-replicas ({self.check_replicas}) must be 0 or more")
 
 
 def plain_call(kind: str, function: Callable, *args):
@@ -99,12 +106,16 @@ def run(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
     history = []
+    done = 0
     for epoch in range(1, options.epochs + 1):
         progress.start(epoch, options.epochs)
         step.reset_metrics()
         start = time.perf_counter()
         for k in range(1, options.steps_per_epoch + 1):
             call("train", step.train, train_iterators)
+            done += 1
+            if options.check_replicas and done % options.check_replicas == 0:
+                step.variables.check(options.replica_tolerance, done)
             if progress.due() and k < options.steps_per_epoch:
                 elapsed = time.perf_counter() - start
                 progress.update(

@@ -11,13 +11,16 @@ run without it. Cross-device edges appear as `_Send`/`_Recv` (or
 Log schema (JSON Lines), one object per line:
   {"kind": "run", "towers": [device, ...], "reduce_device": str,
    "parameter_bytes": int, "parameters": int, "batch_size": int,
-   "reducer": "central", "model": str}
+   "reducer": str, "variables": "reduce-device"|"replicated",
+   "compress": "fp16"|"bf16"|null, "model": str}
   {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
    "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
    "input_tower": int|null, "stray": str|null}
   {"kind": "transfer", "step": "train"|"eval", "tensor": "name:port",
    "src": str, "dst": str, "dtype": str, "shape": [int]|null,
-   "bytes": int|null, "via": "_Send"|"_HostSend"}
+   "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool}
+  A control transfer is a cross-device control edge: an ordering signal that
+  carries no data (bytes 0).
 Devices are written short (`/cpu:1`) when local, in full otherwise; `bytes` is
 per call of the step and null when the size cannot be known (never 0).
 """
@@ -118,20 +121,25 @@ def records(
             node.name: node.device for node in function_graph.pre_optimization_graph.node
         }
         for partition in function_graph.partition_graphs:
+            ops_by_name = {node.name: node.op for node in partition.node}
             for node in partition.node:
                 if node.op in RECVS:
                     continue
                 if node.op in SENDS:
-                    out.append(_transfer(node, step, graph))
+                    out.append(_transfer(node, step, graph, ops_by_name))
                 else:
                     out.append(_op(node, step, requested.get(node.name) or None, towers))
     return out
 
 
-def _transfer(node, step: str, graph) -> dict:
+def _transfer(node, step: str, graph, ops_by_name: dict[str, str]) -> dict:
     dtype = tf.dtypes.as_dtype(node.attr["T"].type)
     tensor = node.input[0]
-    shape = _static_shape(graph, tensor)
+    source = tensor.split(":")[0]
+    # Partitioning turns a control edge between devices into a send of a dummy
+    # constant named .../ctrl/...: an ordering signal, no data.
+    control = ops_by_name.get(source) == "Const" and "/ctrl/" in source
+    shape = [] if control else _static_shape(graph, tensor)
     return {
         "kind": "transfer",
         "step": step,
@@ -140,8 +148,9 @@ def _transfer(node, step: str, graph) -> dict:
         "dst": short_device(node.attr["recv_device"].s.decode()),
         "dtype": dtype.name,
         "shape": shape,
-        "bytes": _bytes(dtype, shape),
+        "bytes": 0 if control else _bytes(dtype, shape),
         "via": node.op,
+        "control": control,
     }
 
 
@@ -179,6 +188,8 @@ class RunInfo:
     batch_size: int
     model: str
     reducer: str = "central"
+    variables: str = "reduce-device"
+    compress: str | None = None
 
     def record(self) -> dict:
         return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers)}

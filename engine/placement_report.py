@@ -47,16 +47,39 @@ def matrix(entries: Iterable[dict], step: str) -> dict[tuple[str, str], int]:
     return dict(out)
 
 
-def expected_bytes(info: dict, step: str) -> int:
-    """What the central mean should move per step, variables on the reduce device.
+ALL_REDUCES = ("ring", "tree", "hierarchical")
 
-    Each tower off the reduce device receives every variable (forward and
-    backward read them) and, in training, sends its gradients back: 2 x
-    parameter bytes per such tower for `train`, 1 x for `eval`.
+
+def expected_bytes(info: dict, step: str) -> int | None:
+    """What the reduction scheme should move per step, or None if unknown.
+
+    * Variables on the reduce device: every tower off it reads every variable
+      (parameter bytes P each step, train and eval).
+    * central: each tower off the reduce device sends its gradients there (P);
+      with replicated variables the mean comes back (P).
+    * ring, tree, hierarchical with replicated variables: an all-reduce moves
+      2(N-1) x P in total, however it is routed (ring: 2(N-1)/N x P per
+      device). With variables on the reduce device only one device needs the
+      result and TensorFlow prunes the hops that feed no one, so there is no
+      fixed figure: None.
+    * --compress halves the gradient traffic of float32 models.
+    * collective, nccl and user reducers move tensors TensorFlow does not show
+      as _Send/_Recv, or in ways unknown here: None.
     """
-    remote = sum(1 for d in info["towers"] if d != info["reduce_device"])
-    per_tower = 2 if step == "train" else 1
-    return per_tower * remote * info["parameter_bytes"]
+    p = info["parameter_bytes"]
+    towers, reduce_device = info["towers"], info["reduce_device"]
+    replicated = info.get("variables") == "replicated"
+    remote = sum(1 for d in towers if d != reduce_device)
+    reads = 0 if replicated else remote * p
+    if step == "eval":
+        return reads
+    narrow = 0.5 if info.get("compress") else 1.0
+    reducer = info.get("reducer", "central")
+    if reducer == "central":
+        return reads + int(narrow * remote * p * (2 if replicated else 1))
+    if reducer in ALL_REDUCES and replicated:
+        return int(narrow * 2 * (len(towers) - 1) * p)
+    return None
 
 
 def strays(entries: Iterable[dict]) -> list[dict]:
@@ -116,12 +139,15 @@ def summary(entries: Sequence[dict]) -> str:
         total = sum(moved.values())
         unknown = sum(1 for t in transfers(entries, step) if t["bytes"] is None)
         want = expected_bytes(info, step)
-        ratio = f" ({100.0 * total / want:.1f}%)" if want else ""
+        scheme = f"{info['reducer']} reduction, {info.get('variables', 'reduce-device')} variables"
+        if want is None:
+            expectation = f"; no expectation for the {scheme}"
+        else:
+            ratio = f" ({100.0 * total / want:.1f}%)" if want else ""
+            expectation = f"{ratio}; the {scheme} should move {want:,}"
         lines.append(
-            f"  total {total:,} bytes per step{ratio}; the {info['reducer']} mean should "
-            f"move {want:,} ({'2' if step == 'train' else '1'} x "
-            f"{info['parameter_bytes']:,} parameter bytes per tower off "
-            f"{info['reduce_device']})"
+            f"  total {total:,} bytes per step{expectation} (parameter bytes: "
+            f"{info['parameter_bytes']:,})"
             + (f"; {unknown} transfer(s) of unknown size" if unknown else "")
         )
         step_strays = strays(step_ops)

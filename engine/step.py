@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from engine import scopes
 from engine.devices import Placement
-from engine.reduce import Reducer, mean
+from engine.reducers.base import Reducer, mean
 
 
 class TowerResult(NamedTuple):
@@ -53,26 +53,20 @@ class TowerStep:
     """Builds and holds the step functions for one placement.
 
     Args:
-      model: built once, its variables on the reduce device.
-      optimizer: a Keras optimizer; its slots are created on the reduce device.
-      placement: the towers and the reduce device.
-      reducer: turns the towers' gradient lists into the mean gradients.
+      variables: the variable mode (engine.variables): which model copy each
+        tower calls, where the reduced gradients go, how the update applies.
+      placement: the towers and the reduce device (which also keeps the
+        epoch's metric sums).
+      reducer: turns the towers' gradient lists into the mean gradients on the
+        variable mode's destinations (engine.reducers).
     """
 
-    def __init__(
-        self,
-        *,
-        model: keras.Model,
-        optimizer: keras.optimizers.Optimizer,
-        placement: Placement,
-        reducer: Reducer,
-    ):
-        self.model = model
-        self.optimizer = optimizer
+    def __init__(self, *, variables, placement: Placement, reducer: Reducer):
+        self.variables = variables
+        self.model = variables.model
         self.placement = placement
         self.reducer = reducer
         with tf.device(placement.reduce_device):
-            optimizer.build(model.trainable_variables)
             # Running sums for the epoch's averages, read once per progress line.
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -97,16 +91,20 @@ class TowerStep:
         }
 
     def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]):
-        """Mean gradients, mean loss and total correct over the towers' batches.
+        """Reduced gradients, mean loss and total correct over the towers' batches.
 
         `batches[k]` is tower k's (images, labels). Each tower's work is placed
-        on its device; the reduction is the reducer's.
+        on its device; the reduction is the reducer's. The gradients come as
+        one list per destination of the variable mode.
         """
         results = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
-                results.append(tower_gradients(self.model, images, labels))
-        grads = self.reducer([r.grads for r in results], self.placement.devices)
+                model = self.variables.model_for(tower.index)
+                results.append(tower_gradients(model, images, labels))
+        grads = self.reducer(
+            [r.grads for r in results], self.placement.devices, self.variables.destinations
+        )
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             loss = mean([r.loss for r in results])
             correct = tf.add_n([r.correct for r in results])
@@ -123,8 +121,8 @@ class TowerStep:
         batches = self._next_batches(iterators)
         grads, loss, correct = self.gradients(batches)
         samples = sum(int(images.shape[0]) for images, _ in batches)
+        self.variables.apply(grads)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
-            self.optimizer.apply(grads, self.model.trainable_variables)
             self.loss_sum.assign_add(tf.cast(loss, tf.float64))
             self.correct_sum.assign_add(tf.cast(correct, tf.float64))
             self.samples.assign_add(float(samples))
@@ -142,7 +140,7 @@ class TowerStep:
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 labels = tf.reshape(labels, [-1])
-                probs = self.model(images, training=False)
+                probs = self.variables.model_for(tower.index)(images, training=False)
                 real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
                 loss = tf.reduce_sum(sparse_cross_entropy(labels, probs) * real)
                 correct = tf.reduce_sum(count_correct(labels, probs) * real)

@@ -1,4 +1,4 @@
-"""Test set-up: four logical CPU devices, and the real MNIST prepared once.
+"""Test set-up: eight logical CPU devices, and the real MNIST prepared once.
 
 TensorFlow fixes its devices the first time it is used, so the host CPU is
 split here, at import, before any test touches TensorFlow. Tests that need
@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-LOGICAL_CPUS = 4
+LOGICAL_CPUS = 8
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS,

@@ -10,8 +10,9 @@ import tensorflow as tf
 
 from conftest import run_cli
 from engine import placement, placement_report, placement_render
-from engine.reduce import CentralMean
+from engine.reducers import Central
 from engine.step import TowerStep, sparse_cross_entropy
+from engine.variables import ReduceDeviceVariables
 
 
 def train_with_log(mnist_dir, tmp_path, devices, *extra, name="log.jsonl"):
@@ -81,7 +82,7 @@ def test_summary_is_printed_at_the_end_of_the_run(logs):
     out = result.stdout
     assert "placement of the train step" in out and "placement of the eval step" in out
     assert "    /cpu:1     407,1" in out  # gradients, row from /cpu:1
-    assert "bytes per step (100.0%); the central mean should move 814,160" in out
+    assert "bytes per step (100.0%); the central reduction, reduce-device variables should move 814,160" in out
     assert out.count("stray ops: none") == 2
 
 
@@ -126,7 +127,8 @@ class GradientOffTower(TowerStep):
                     loss = tf.reduce_mean(sparse_cross_entropy(tf.reshape(labels, [-1]), probs))
             tower_grads.append(tape.gradient(loss, self.model.trainable_variables))
             losses.append(loss)
-        return self.reducer(tower_grads, self.placement.devices), tf.add_n(losses), 0.0
+        reduced = self.reducer(tower_grads, self.placement.devices, ["/cpu:0"])
+        return reduced, tf.add_n(losses), 0.0
 
 
 def test_gradient_computed_outside_the_tower_scope_is_flagged():
@@ -134,10 +136,13 @@ def test_gradient_computed_outside_the_tower_scope_is_flagged():
 
     placement_ = resolve(DeviceRequest(("/cpu:1", "/cpu:2"), reduce_device="/cpu:0"),
                          [f"/cpu:{k}" for k in range(4)])
-    with tf.device("/cpu:0"):
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
-    step = GradientOffTower(model=model, optimizer=keras.optimizers.SGD(0.1),
-                            placement=placement_, reducer=CentralMean("/cpu:0"))
+    variables = ReduceDeviceVariables(
+        lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")]),
+        lambda: keras.optimizers.SGD(0.1),
+        placement_,
+    )
+    step = GradientOffTower(variables=variables, placement=placement_,
+                            reducer=Central("/cpu:0"))
     batches = []
     for tower in placement_.towers:
         with tf.device(tower.device):

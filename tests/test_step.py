@@ -7,8 +7,9 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from engine.devices import DeviceRequest, resolve
-from engine.reduce import CentralMean
+from engine.reducers import Central
 from engine.step import TowerStep, tower_gradients
+from engine.variables import ReduceDeviceVariables
 from towers import models
 
 BATCH = 16
@@ -19,14 +20,13 @@ def make_step(num_towers, optimizer=None, reduce_device="/cpu:0"):
     towers = tuple(VISIBLE[:num_towers])
     placement = resolve(DeviceRequest(towers, reduce_device=reduce_device), VISIBLE)
     keras.utils.set_random_seed(1)
-    with tf.device(placement.reduce_device):
-        model = models.mlp((28, 28, 1), 10, dropout=0.0)  # deterministic
-        optimizer = optimizer or keras.optimizers.SGD(0.1)
+    variables = ReduceDeviceVariables(
+        lambda: models.mlp((28, 28, 1), 10, dropout=0.0),  # deterministic
+        lambda: optimizer or keras.optimizers.SGD(0.1),
+        placement,
+    )
     return TowerStep(
-        model=model,
-        optimizer=optimizer,
-        placement=placement,
-        reducer=CentralMean(placement.reduce_device),
+        variables=variables, placement=placement, reducer=Central(placement.reduce_device)
     )
 
 
@@ -48,7 +48,7 @@ def test_mean_of_towers_equals_one_device_on_the_whole_batch(digits, num_towers)
     step = make_step(num_towers)
     images, labels, batches = tower_batches(digits, step)
 
-    towers_grads, loss, _ = tf.function(step.gradients)(batches)
+    (towers_grads,), loss, _ = tf.function(step.gradients)(batches)
     with tf.device("/cpu:0"):
         whole = tf.function(lambda x, y: tower_gradients(step.model, x, y))(images, labels)
 

@@ -98,6 +98,23 @@ class OneLineGroup(OneLineErrors, click.Group):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--metrics", "metrics_path", default=None,
               help="Append one JSON line per epoch to this file.")
+@click.option("--reducer", default="central", show_default=True,
+              help="How gradients are averaged: central (on --reduce-device), ring, "
+              "tree, hierarchical, collective, nccl (GPU only), or "
+              "package.module:function (see the README for the contract).")
+@click.option("--variables", "variable_mode", default="reduce-device", show_default=True,
+              type=click.Choice(["reduce-device", "replicated"]),
+              help="One copy of the variables on --reduce-device, or a copy per tower.")
+@click.option("--group-size", default=2, show_default=True, type=int,
+              help="Towers per group for --reducer hierarchical.")
+@click.option("--pack-bytes", default=0, show_default=True, type=int,
+              help="Fuse gradients into buffers of about this many bytes before "
+              "reducing; 0 reduces each gradient alone.")
+@click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]),
+              help="Move gradients in this dtype, casting back after the transfer.")
+@click.option("--check-replicas", default=0, show_default=True, type=int,
+              help="With --variables replicated, compare the copies every K steps "
+              "and stop if they drift apart.")
 @click.option("--placement-log", default=None,
               help="Write where every op of the first train and eval steps really "
               "ran, and what crossed devices, to this JSON Lines file; a summary "
@@ -125,6 +142,12 @@ def tower_train(
     lr,
     seed,
     metrics_path,
+    reducer,
+    variable_mode,
+    group_size,
+    pack_bytes,
+    compress,
+    check_replicas,
     placement_log,
     strict_placement,
     log_device_placement,
@@ -138,6 +161,11 @@ def tower_train(
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
+    if check_replicas and variable_mode != "replicated":
+        raise UsageFailure(
+            f"--check-replicas {check_replicas} compares replicated variables; "
+            "add --variables replicated"
+        )
     for flag, value, least in (
         ("--batch-size", batch_size, 1),
         ("--dali-threads", dali_threads, 1),
@@ -156,6 +184,8 @@ def tower_train(
     if log_device_placement:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
     import_tensorflow()
+    if reducer == "collective":
+        _threads_for_collectives(request)
     if log_device_placement:
         import tensorflow as tf
 
@@ -183,7 +213,7 @@ def tower_train(
             data.eval_batches(info.val_size, batch_size, towers) if info.val_size else 0
         )
 
-    from engine import loop
+    from engine import loop, reducers
     from towers import models, train
 
     try:
@@ -201,12 +231,18 @@ def tower_train(
         note = ""
         if lr is None:
             lr, note = train.default_learning_rate(optimizer, batch_size * towers)
-        model_options = train.ModelOptions(model, optimizer, lr, seed, note)
-        loop_options = loop.LoopOptions(epochs, num_steps, eval_steps, metrics_path)
-        placement_options = train.PlacementOptions(placement_log, strict_placement)
+        options = train.TrainOptions(
+            data=data_options,
+            model=train.ModelOptions(model, optimizer, lr, seed, note, variable_mode),
+            reducer=reducers.ReducerOptions(reducer, group_size, pack_bytes, compress),
+            loop=loop.LoopOptions(
+                epochs, num_steps, eval_steps, metrics_path, check_replicas
+            ),
+            placement=train.PlacementOptions(placement_log, strict_placement),
+        )
     except ValueError as err:
         raise UsageFailure(str(err))
-    _train(placement, data_options, model_options, loop_options, info, placement_options)
+    _train(placement, options, info)
 
 
 def _inspect(data_path, data_format):
@@ -234,19 +270,37 @@ def _default_dataset(data_format):
     return _inspect(DEFAULT_DATA, data_format)
 
 
-def _train(placement, *options):
+def _threads_for_collectives(request) -> None:
+    """Collectives in one process each hold an inter-op thread while they wait
+    for the others: give TensorFlow more threads than towers before it starts."""
+    import tensorflow as tf
+
+    from engine import devices as devs
+
+    towers = len(request.towers) if request.towers else max(
+        len(tf.config.list_physical_devices("GPU")), devs.default_cpu_towers()
+    )
+    current = tf.config.threading.get_inter_op_parallelism_threads()
+    tf.config.threading.set_inter_op_parallelism_threads(
+        max(current, devs.default_cpu_towers(), towers + 2)
+    )
+
+
+def _train(placement, options, info):
     import tensorflow as tf
 
     from engine.data import GpuUnavailableError
     from engine.placement import StrayPlacementError
+    from engine.reducers import ReducerError
+    from engine.variables import ReplicaDriftError
     from towers import train
     from towers.models import ModelError
 
     try:
-        train.train(placement, *options)
-    except (ModelError, GpuUnavailableError) as err:
+        train.train(placement, options, info)
+    except (ModelError, GpuUnavailableError, ReducerError) as err:
         raise UsageFailure(str(err))
-    except StrayPlacementError as err:
+    except (StrayPlacementError, ReplicaDriftError) as err:
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
         first = str(err.message).strip().splitlines()[0]

@@ -7,13 +7,12 @@ the reduce device, and every tower calls the same instance.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable
 
 import keras
+
+from engine.userfn import load_function
 
 
 class ModelError(ValueError):
@@ -67,17 +66,7 @@ def resolve(name: str) -> Callable[..., keras.Model]:
             f"--model {name!r} is not one of {', '.join(ZOO)} and not "
             "package.module:function"
         )
-    module_name, _, attr = name.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own code
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ModelError(f"--model {name!r}: cannot import {module_name!r} ({err})")
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ModelError(f"--model {name!r}: {module_name} has no function {attr!r}")
-    return fn
+    return load_function(name, "--model", ModelError)
 
 
 def build(name: str, input_shape, num_classes: int) -> keras.Model:

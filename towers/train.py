@@ -17,7 +17,8 @@ from engine import data, loop, placement_report
 from engine.devices import Placement
 from engine.placement import PlacementLog, RunInfo
 from engine.progress import EpochProgress
-from engine.reduce import CentralMean
+from engine import reducers
+from engine import variables as variables_lib
 from engine.step import TowerStep
 from towers import models
 
@@ -56,6 +57,8 @@ class ModelOptions:
       learning_rate: the optimizer's learning rate.
       seed: seeds model initialisation and dropout (DALI gets its own seeds).
       learning_rate_note: how a default learning rate was derived, for the log.
+      variables: `reduce-device` (one copy, on the reduce device) or
+        `replicated` (a copy per tower, kept identical).
     """
 
     model: str = "mlp"
@@ -63,6 +66,7 @@ class ModelOptions:
     learning_rate: float = 1e-3
     seed: int = 0
     learning_rate_note: str = ""
+    variables: str = "reduce-device"
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -71,6 +75,11 @@ class ModelOptions:
             )
         if not self.learning_rate > 0:
             raise ValueError(f"--lr ({self.learning_rate}) must be positive")
+        if self.variables not in variables_lib.MODES:
+            raise ValueError(
+                f"--variables {self.variables!r} is not one of "
+                f"{', '.join(variables_lib.MODES)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,21 +114,27 @@ def build(
     placement: Placement,
     data_options: data.DataOptions,
     model_options: ModelOptions,
+    reducer_options: reducers.ReducerOptions,
     val_size: int | None,
 ) -> Towers:
-    """Creates the model and optimizer on the reduce device and one DALI
-    dataset per tower (and per split) on the tower's device."""
+    """Creates the model(s) and optimizer(s) where the variable mode puts them,
+    the reducer, and one DALI dataset per tower (and per split) on its device."""
     keras.utils.set_random_seed(model_options.seed)
-    with tf.device(placement.reduce_device):
-        model = models.build(
+
+    def make_model():
+        return models.build(
             model_options.model, data_options.image_shape, data_options.num_classes
         )
-        optimizer = OPTIMIZERS[model_options.optimizer](model_options.learning_rate)
+
+    def make_optimizer():
+        return OPTIMIZERS[model_options.optimizer](model_options.learning_rate)
+
     step = TowerStep(
-        model=model,
-        optimizer=optimizer,
+        variables=variables_lib.make(
+            model_options.variables, make_model, make_optimizer, placement
+        ),
         placement=placement,
-        reducer=CentralMean(placement.reduce_device),
+        reducer=reducers.build(reducer_options, placement),
     )
     train_iterators = tower_iterators(data_options, placement, training=True)
     held_out = None
@@ -145,20 +160,27 @@ def tower_iterators(
     return iterators
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """Everything the CLI decided, in one place for `train`."""
+
+    data: data.DataOptions
+    model: ModelOptions
+    reducer: reducers.ReducerOptions
+    loop: loop.LoopOptions
+    placement: PlacementOptions = PlacementOptions()
+
+
 def describe(
-    placement: Placement,
-    data_options: data.DataOptions,
-    model: keras.Model,
-    model_options: ModelOptions,
-    info: data.DatasetInfo,
+    placement: Placement, options: TrainOptions, model: keras.Model, info: data.DatasetInfo
 ) -> str:
     """The layout, printed before training: who runs where and reads what."""
     n = len(placement.towers)
+    batch = options.data.batch_size
     params = sum(int(v.numpy().size) for v in model.trainable_variables)
     lines = [
-        f"tower-train: {n} tower{'s' * (n > 1)}, batch {data_options.batch_size} per "
-        f"tower ({data_options.batch_size * n} per step), model {model.name} "
-        f"({params:,} parameters)"
+        f"tower-train: {n} tower{'s' * (n > 1)}, batch {batch} per "
+        f"tower ({batch * n} per step), model {model.name} ({params:,} parameters)"
     ]
     for tower in placement.towers:
         on = "GPU" if tower.gpu_index is not None else "CPU"
@@ -172,57 +194,61 @@ def describe(
                 f"({end - start} of {info.train_size}), decode on {decode}"
             )
         lines.append(f"  tower {tower.index}  {tower.device:<8} {source}")
+    model_options, reducer = options.model, options.reducer
     note = model_options.learning_rate_note
-    lines.append(
-        f"  reduce   {placement.reduce_device:<8} variables, mean of {n} "
-        f"gradient{'s' * (n > 1)}, {model_options.optimizer} update, "
-        f"lr {model_options.learning_rate:.4g}" + (f" ({note})" if note else "")
-    )
+    lr = f"lr {model_options.learning_rate:.4g}" + (f" ({note})" if note else "")
+    how = "" if reducer.name == "central" else f"{reducer.name} "
+    extras = [
+        f"packed in {reducer.pack_bytes:,}-byte buffers" if reducer.pack_bytes else "",
+        f"sent as {reducer.compress}" if reducer.compress else "",
+    ]
+    how_more = "".join(f", {e}" for e in extras if e)
+    gradients = f"{how}mean of {n} gradient{'s' * (n > 1)}{how_more}"
+    if model_options.variables == "replicated":
+        lines.append(
+            f"  replicas on every tower: variables and {model_options.optimizer} "
+            f"update; {gradients}; {lr}; metrics on {placement.reduce_device}"
+        )
+    else:
+        lines.append(
+            f"  reduce   {placement.reduce_device:<8} variables, {gradients}, "
+            f"{model_options.optimizer} update, {lr}"
+        )
     return "\n".join(lines)
 
 
-def train(
-    placement: Placement,
-    data_options: data.DataOptions,
-    model_options: ModelOptions,
-    loop_options: loop.LoopOptions,
-    info: data.DatasetInfo,
-    placement_options: PlacementOptions = PlacementOptions(),
-    stream: TextIO = sys.stdout,
-) -> list[dict]:
+def train(placement: Placement, options: TrainOptions, info: data.DatasetInfo,
+          stream: TextIO = sys.stdout) -> list[dict]:
     """Builds the towers and runs the loop; returns one record per epoch."""
-    towers = build(placement, data_options, model_options, info.val_size)
+    towers = build(placement, options.data, options.model, options.reducer, info.val_size)
     model = towers.step.model
-    print(
-        describe(placement, data_options, model, model_options, info),
-        file=stream,
-        flush=True,
-    )
+    print(describe(placement, options, model, info), file=stream, flush=True)
     log = None
     call = loop.plain_call
-    if placement_options.capture:
+    if options.placement.capture:
         variables = model.trainable_variables
         run_info = RunInfo(
             towers=placement.devices,
             reduce_device=placement.reduce_device,
             parameters=sum(int(v.numpy().size) for v in variables),
             parameter_bytes=sum(int(v.numpy().nbytes) for v in variables),
-            batch_size=data_options.batch_size,
+            batch_size=options.data.batch_size,
             model=model.name,
+            reducer=options.reducer.name,
+            variables=options.model.variables,
+            compress=options.reducer.compress,
         )
-        log = PlacementLog(
-            placement_options.log_path, run_info, strict=placement_options.strict
-        )
+        log = PlacementLog(options.placement.log_path, run_info, strict=options.placement.strict)
         call = log.call
     history = loop.run(
         towers.step,
         towers.train_iterators,
         towers.held_out,
-        loop_options,
+        options.loop,
         EpochProgress(stream),
         call,
     )
-    if placement_options.log_path:
+    if options.placement.log_path:
         print(placement_report.summary(log.entries), file=stream)
-        print(f"placement log: {placement_options.log_path}", file=stream, flush=True)
+        print(f"placement log: {options.placement.log_path}", file=stream, flush=True)
     return history

@@ -1,0 +1,85 @@
+"""Gradient reducers: the built-ins, user functions, packing and compression.
+
+See base.py for the contract. `build(options, placement)` turns the CLI's
+choice into one reducer callable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.devices import Placement
+from engine.userfn import load_function
+from engine.reducers.base import COMPRESSION, Link, Reducer, ReducerError
+from engine.reducers.cast import Cast
+from engine.reducers.central import Central
+from engine.reducers.collective import Collective
+from engine.reducers.hierarchical import Hierarchical
+from engine.reducers.nccl import Nccl
+from engine.reducers.packing import Packed
+from engine.reducers.ring import Ring
+from engine.reducers.tree import Tree
+
+BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
+# Built-ins that move tensors themselves, hop by hop, through a Link.
+_HOP_BY_HOP = ("central", "ring", "tree", "hierarchical")
+
+__all__ = ["BUILT_INS", "Reducer", "ReducerError", "ReducerOptions", "build"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducerOptions:
+    """How gradients are averaged.
+
+    Attributes:
+      name: a built-in (BUILT_INS) or `package.module:function`.
+      group_size: towers per group for `hierarchical`.
+      pack_bytes: fuse gradients into buffers of about this many bytes before
+        reducing; 0 reduces each gradient alone.
+      compress: `fp16` or `bf16` to move gradients in that dtype, or None.
+    """
+
+    name: str = "central"
+    group_size: int = 2
+    pack_bytes: int = 0
+    compress: str | None = None
+
+    def __post_init__(self):
+        if self.name not in BUILT_INS and ":" not in self.name:
+            raise ReducerError(
+                f"--reducer {self.name!r} is not one of {', '.join(BUILT_INS)} "
+                "and not package.module:function"
+            )
+        if self.group_size < 1:
+            raise ReducerError(f"--group-size ({self.group_size}) must be at least 1")
+        if self.pack_bytes < 0:
+            raise ReducerError(f"--pack-bytes ({self.pack_bytes}) must be 0 or more")
+        if self.compress is not None and self.compress not in COMPRESSION:
+            raise ReducerError(
+                f"--compress {self.compress!r} is not one of {', '.join(COMPRESSION)}"
+            )
+
+
+def build(options: ReducerOptions, placement: Placement) -> Reducer:
+    """The reducer for `options`, checked against the placement."""
+    link = Link(options.compress if options.name in _HOP_BY_HOP else None)
+    devices = placement.devices
+    if options.name == "central":
+        reducer = Central(placement.reduce_device, link)
+    elif options.name == "ring":
+        reducer = Ring(link)
+    elif options.name == "tree":
+        reducer = Tree(link)
+    elif options.name == "hierarchical":
+        reducer = Hierarchical(options.group_size, link)
+    elif options.name == "collective":
+        reducer = Collective(devices)
+    elif options.name == "nccl":
+        reducer = Nccl(devices)
+    else:
+        reducer = load_function(options.name, "--reducer", ReducerError)
+    if options.compress and options.name not in _HOP_BY_HOP:
+        reducer = Cast(reducer, options.compress)
+    if options.pack_bytes:
+        reducer = Packed(reducer, options.pack_bytes)
+    return reducer

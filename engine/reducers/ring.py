@@ -1,0 +1,73 @@
+"""ring: chunked ring all-reduce, reduce-scatter then all-gather.
+
+Each device's buffer is cut into N chunks. In N-1 reduce-scatter hops device i
+sends one chunk to device i+1, which adds it to its own; afterwards device i
+holds the full sum of chunk i+1, divides it by the tower count, and N-1
+all-gather hops pass the finished chunks around the ring. Every hop is an op
+placed on the receiving device; each device sends 2(N-1)/N of the buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from engine import scopes
+from engine.reducers.base import Link, reduce_flat, split_even
+
+
+def ring_all_reduce(
+    flats: list[tf.Tensor],
+    devices: Sequence[str],
+    link: Link,
+    divisor: int | None = None,
+) -> list[tf.Tensor]:
+    """The mean of `flats` (1-D, one per device) on every device.
+
+    `divisor` defaults to the number of devices; hierarchical reduction passes
+    the number of towers behind them.
+    """
+    n = len(devices)
+    divisor = divisor or n
+    if n == 1:
+        with tf.device(devices[0]):
+            return [flats[0] / tf.cast(divisor, flats[0].dtype)]
+    chunks = []
+    for flat, device in zip(flats, devices):
+        with tf.device(device):
+            chunks.append(split_even(flat, n))
+    for hop in range(n - 1):  # reduce-scatter
+        sent = [list(c) for c in chunks]
+        for i in range(n):
+            c, dst = (i - hop) % n, (i + 1) % n
+            arrived = link.send(sent[i][c], devices[dst])
+            with tf.device(devices[dst]):
+                chunks[dst][c] = sent[dst][c] + arrived
+    for i in range(n):  # device i now holds the whole sum of chunk i + 1
+        c = (i + 1) % n
+        with tf.device(devices[i]):
+            chunks[i][c] = chunks[i][c] / tf.cast(divisor, chunks[i][c].dtype)
+    for hop in range(n - 1):  # all-gather
+        sent = [list(c) for c in chunks]
+        for i in range(n):
+            c, dst = (i + 1 - hop) % n, (i + 1) % n
+            chunks[dst][c] = link.send(sent[i][c], devices[dst])
+    results = []
+    for i, device in enumerate(devices):
+        with tf.device(device):
+            results.append(tf.concat(chunks[i], axis=0))
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    link: Link = Link()
+
+    def __call__(self, tower_grads, devices, destinations):
+        def all_reduce(flats, devs):
+            return ring_all_reduce(flats, devs, self.link)
+
+        with tf.name_scope(scopes.REDUCE):
+            return reduce_flat(all_reduce, tower_grads, devices, destinations, self.link)

@@ -1,0 +1,136 @@
+"""Where the variables live: on the reduce device, or replicated on every tower.
+
+A variable mode answers three questions for the step: which model copy tower
+k calls, which devices need the reduced gradients (`destinations`), and how
+the update is applied. Like tf_cnn_benchmarks' variable managers, one class
+per mode behind that one interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from engine import scopes
+from engine.devices import Placement
+
+MODES = ("reduce-device", "replicated")
+
+
+class ReplicaDriftError(RuntimeError):
+    """Replicated copies of a variable no longer agree."""
+
+
+class ReduceDeviceVariables:
+    """One copy of every variable, on the reduce device; every tower reads it
+    and one optimizer update runs there."""
+
+    name = "reduce-device"
+
+    def __init__(
+        self,
+        make_model: Callable[[], keras.Model],
+        make_optimizer: Callable[[], keras.optimizers.Optimizer],
+        placement: Placement,
+    ):
+        self.device = placement.reduce_device
+        with tf.device(self.device):
+            self.model = make_model()
+            self.optimizer = make_optimizer()
+            self.optimizer.build(self.model.trainable_variables)
+        self.destinations = [self.device]
+
+    def model_for(self, tower: int) -> keras.Model:
+        return self.model
+
+    def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
+        with tf.device(self.device), tf.name_scope(scopes.UPDATE):
+            self.optimizer.apply(list(reduced[0]), self.model.trainable_variables)
+
+
+class ReplicatedVariables:
+    """A copy of every variable on each tower's device, identical at the start;
+    each tower applies the same reduced mean to its own copy."""
+
+    name = "replicated"
+
+    def __init__(
+        self,
+        make_model: Callable[[], keras.Model],
+        make_optimizer: Callable[[], keras.optimizers.Optimizer],
+        placement: Placement,
+    ):
+        self.devices = list(placement.devices)
+        self.models, self.optimizers = [], []
+        for device in self.devices:
+            with tf.device(device):
+                model = make_model()
+                optimizer = make_optimizer()
+                optimizer.build(model.trainable_variables)
+            self.models.append(model)
+            self.optimizers.append(optimizer)
+        weights = self.models[0].get_weights()
+        for model in self.models[1:]:
+            model.set_weights(weights)
+        self.model = self.models[0]
+        self.destinations = self.devices
+        self._drift = tf.function(self._max_differences)
+
+    def model_for(self, tower: int) -> keras.Model:
+        return self.models[tower]
+
+    def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
+        for device, model, optimizer, grads in zip(
+            self.devices, self.models, self.optimizers, reduced
+        ):
+            with tf.device(device), tf.name_scope(scopes.UPDATE):
+                optimizer.apply(list(grads), model.trainable_variables)
+
+    def _max_differences(self):
+        """[towers - 1, variables]: max |copy - tower 0's copy|, on each tower."""
+        reference = self.models[0].trainable_variables
+        rows = []
+        for device, model in zip(self.devices[1:], self.models[1:]):
+            with tf.device(device):
+                rows.append(
+                    tf.stack(
+                        [
+                            tf.reduce_max(tf.abs(tf.cast(v - r, tf.float64)))
+                            for v, r in zip(model.trainable_variables, reference)
+                        ]
+                    )
+                )
+        return tf.stack(rows) if rows else tf.zeros([0, len(reference)], tf.float64)
+
+    def check(self, tolerance: float, step: int) -> float:
+        """The largest difference between copies; raises past `tolerance`."""
+        differences = self._drift().numpy()
+        if differences.size == 0:
+            return 0.0
+        tower, variable = np.unravel_index(np.argmax(differences), differences.shape)
+        worst = float(differences[tower, variable])
+        if worst > tolerance:
+            path = self.models[0].trainable_variables[variable].path
+            raise ReplicaDriftError(
+                f"--check-replicas: after step {step}, tower {tower + 1}'s copy of "
+                f"{path} differs from tower 0's by {worst:.3g} (tolerance "
+                f"{tolerance:g}); the replicas no longer train the same model"
+            )
+        return worst
+
+
+def make(
+    mode: str,
+    make_model: Callable[[], keras.Model],
+    make_optimizer: Callable[[], keras.optimizers.Optimizer],
+    placement: Placement,
+):
+    """The variable mode called `mode` (one of MODES)."""
+    if mode == "reduce-device":
+        return ReduceDeviceVariables(make_model, make_optimizer, placement)
+    if mode == "replicated":
+        return ReplicatedVariables(make_model, make_optimizer, placement)
+    raise ValueError(f"--variables {mode!r} is not one of {', '.join(MODES)}")
