@@ -78,15 +78,39 @@ def _takes_resource(op_type: str) -> bool:
     )
 
 
-def _static_shape(graph: tf.Graph | None, tensor: str) -> list[int] | None:
+# Element-wise ops: their output has the shape their inputs share. Grappler
+# rewrites (an AddN that merges a chain of adds, say) create nodes that are not
+# in the traced graph; their shape is read off their inputs.
+ELEMENTWISE = ("AddN", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Cast", "Identity", "Neg")
+
+
+def _static_shape(
+    graph: tf.Graph | None, tensor: str, optimized: dict | None = None, depth: int = 8
+) -> list[int] | None:
+    """The fully known static shape of `tensor` (`name:port`), or None.
+
+    Looked up in the traced graph; for a node grappler made, through the
+    inputs of element-wise ops in the optimized graph `optimized` (name: node).
+    """
     if graph is None:
         return None
     name, _, port = tensor.partition(":")
     try:
-        op = graph.get_operation_by_name(name)
-        shape = op.outputs[int(port or 0)].shape
+        shape = graph.get_operation_by_name(name).outputs[int(port or 0)].shape
     except (KeyError, ValueError, IndexError):
-        return None
+        node = (optimized or {}).get(name)
+        if node is None or node.op not in ELEMENTWISE or depth == 0:
+            return None
+        shapes = {
+            tuple(s)
+            for s in (
+                _static_shape(graph, i, optimized, depth - 1)
+                for i in node.input
+                if not i.startswith("^")
+            )
+            if s is not None
+        }
+        return list(shapes.pop()) if len(shapes) == 1 else None
     if shape.rank is None or None in shape.as_list():
         return None
     return shape.as_list()
@@ -120,26 +144,27 @@ def records(
         requested = {
             node.name: node.device for node in function_graph.pre_optimization_graph.node
         }
+        optimized = {node.name: node for node in function_graph.post_optimization_graph.node}
         for partition in function_graph.partition_graphs:
             ops_by_name = {node.name: node.op for node in partition.node}
             for node in partition.node:
                 if node.op in RECVS:
                     continue
                 if node.op in SENDS:
-                    out.append(_transfer(node, step, graph, ops_by_name))
+                    out.append(_transfer(node, step, graph, ops_by_name, optimized))
                 else:
                     out.append(_op(node, step, requested.get(node.name) or None, towers))
     return out
 
 
-def _transfer(node, step: str, graph, ops_by_name: dict[str, str]) -> dict:
+def _transfer(node, step: str, graph, ops_by_name: dict[str, str], optimized) -> dict:
     dtype = tf.dtypes.as_dtype(node.attr["T"].type)
     tensor = node.input[0]
     source = tensor.split(":")[0]
     # Partitioning turns a control edge between devices into a send of a dummy
     # constant named .../ctrl/...: an ordering signal, no data.
     control = ops_by_name.get(source) == "Const" and "/ctrl/" in source
-    shape = [] if control else _static_shape(graph, tensor)
+    shape = [] if control else _static_shape(graph, tensor, optimized)
     return {
         "kind": "transfer",
         "step": step,

@@ -120,12 +120,12 @@ class TowerStep:
     def _train(self, iterators):
         batches = self._next_batches(iterators)
         grads, loss, correct = self.gradients(batches)
-        samples = sum(int(images.shape[0]) for images, _ in batches)
         self.variables.apply(grads)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             self.loss_sum.assign_add(tf.cast(loss, tf.float64))
             self.correct_sum.assign_add(tf.cast(correct, tf.float64))
-            self.samples.assign_add(float(samples))
+            samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
+            self.samples.assign_add(tf.cast(samples, tf.float64))
             self.steps.assign_add(1)
         return loss
 

@@ -50,12 +50,13 @@ class Link:
 
     compress: str | None = None
 
-    def send(self, tensor: tf.Tensor, device: str) -> tf.Tensor:
+    def send(self, tensor: tf.Tensor, source: str, device: str) -> tf.Tensor:
+        """`tensor`, which lives on `source`, as a tensor on `device`."""
         narrow = COMPRESSION.get(self.compress)
         if narrow is None or not tensor.dtype.is_floating or tensor.dtype == narrow:
             with tf.device(device):
                 return tf.identity(tensor)
-        with tf.device(tensor.device):
+        with tf.device(source):
             packed = tf.cast(tensor, narrow)
         with tf.device(device):
             return tf.cast(packed, tensor.dtype)
@@ -117,7 +118,7 @@ def reduce_flat(
             if destination in devices:
                 source = results[list(devices).index(destination)]
             else:
-                source = link.send(results[0], destination)
+                source = link.send(results[0], devices[0], destination)
             with tf.device(destination):
                 out[d].append(tf.reshape(source, tf.shape(grads[0])))
     return out

@@ -25,12 +25,12 @@ class Central:
             means = []
             for grads in zip(*tower_grads):
                 arrived = [
-                    g if device == self.device else self.link.send(g, self.device)
+                    g if device == self.device else self.link.send(g, device, self.device)
                     for g, device in zip(grads, devices)
                 ]
                 with tf.device(self.device):
                     means.append(mean(arrived))
             return [
-                means if d == self.device else [self.link.send(m, d) for m in means]
+                means if d == self.device else [self.link.send(m, self.device, d) for m in means]
                 for d in destinations
             ]

@@ -33,15 +33,15 @@ def hierarchical_all_reduce(
     leaders = [devices[g[0]] for g in groups]
     sums = []
     for group, leader in zip(groups, leaders):
-        parts = [flats[group[0]]] + [link.send(flats[k], leader) for k in group[1:]]
+        parts = [flats[group[0]]] + [link.send(flats[k], devices[k], leader) for k in group[1:]]
         with tf.device(leader):
             sums.append(tf.add_n(parts))
     means = ring_all_reduce(sums, leaders, link, divisor=len(devices))
     results = [None] * len(devices)
-    for group, leader_mean in zip(groups, means):
+    for group, leader, leader_mean in zip(groups, leaders, means):
         results[group[0]] = leader_mean
         for k in group[1:]:
-            results[k] = link.send(leader_mean, devices[k])
+            results[k] = link.send(leader_mean, leader, devices[k])
     return results
 
 

@@ -42,7 +42,7 @@ def ring_all_reduce(
         sent = [list(c) for c in chunks]
         for i in range(n):
             c, dst = (i - hop) % n, (i + 1) % n
-            arrived = link.send(sent[i][c], devices[dst])
+            arrived = link.send(sent[i][c], devices[i], devices[dst])
             with tf.device(devices[dst]):
                 chunks[dst][c] = sent[dst][c] + arrived
     for i in range(n):  # device i now holds the whole sum of chunk i + 1
@@ -53,7 +53,7 @@ def ring_all_reduce(
         sent = [list(c) for c in chunks]
         for i in range(n):
             c, dst = (i + 1 - hop) % n, (i + 1) % n
-            chunks[dst][c] = link.send(sent[i][c], devices[dst])
+            chunks[dst][c] = link.send(sent[i][c], devices[i], devices[dst])
     results = []
     for i, device in enumerate(devices):
         with tf.device(device):

@@ -32,7 +32,7 @@ def halving_doubling(
     buffers = list(flats[:p])
     for extra in range(p, n):  # fold the devices past p into partners
         partner = extra - p
-        arrived = link.send(flats[extra], devices[partner])
+        arrived = link.send(flats[extra], devices[extra], devices[partner])
         with tf.device(devices[partner]):
             buffers[partner] = buffers[partner] + arrived
     chunks = []
@@ -48,7 +48,7 @@ def halving_doubling(
             mid = (lo + hi) // 2
             keep = (lo, mid) if i & d == 0 else (mid, hi)
             for c in range(*keep):
-                arrived = link.send(sent[i ^ d][c], devices[i])
+                arrived = link.send(sent[i ^ d][c], devices[i ^ d], devices[i])
                 with tf.device(devices[i]):
                     chunks[i][c] = sent[i][c] + arrived
             kept.append(keep)
@@ -62,7 +62,7 @@ def halving_doubling(
         for i in range(p):
             (lo, hi), (plo, phi) = ranges[i], ranges[i ^ d]
             for c in range(plo, phi):
-                chunks[i][c] = link.send(sent[i ^ d][c], devices[i])
+                chunks[i][c] = link.send(sent[i ^ d][c], devices[i ^ d], devices[i])
             merged.append((min(lo, plo), max(hi, phi)))
         ranges, d = merged, d * 2
     results = []
@@ -70,7 +70,7 @@ def halving_doubling(
         with tf.device(devices[i]):
             results.append(tf.concat(chunks[i], axis=0))
     for extra in range(p, n):  # hand the folded devices their result
-        results.append(link.send(results[extra - p], devices[extra]))
+        results.append(link.send(results[extra - p], devices[extra - p], devices[extra]))
     return results
 
 
