@@ -32,6 +32,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import op_def_registry
@@ -58,11 +59,21 @@ def short_device(name: str) -> str:
 def collect(function: Callable, *args):
     """Calls `function(*args)` once with run metadata on.
 
+    A `tf.function` is traced first, with run metadata still off: eager ops
+    that run while tracing would otherwise add graphs of their own. TensorFlow
+    partitions the function when it first runs it, so the partitioned graphs
+    are still in the metadata of this call.
+
     Returns:
       (result, RunMetadata).
     """
+    if hasattr(function, "get_concrete_function"):
+        function.get_concrete_function(*args)
     context.enable_run_metadata()
     try:
+        # Drop graphs TensorFlow kept from earlier eager work (creating
+        # variables, for one): only this call's graphs go in the log.
+        context.export_run_metadata()
         result = function(*args)
         metadata = context.export_run_metadata()
     finally:
@@ -89,8 +100,9 @@ def _static_shape(
 ) -> list[int] | None:
     """The fully known static shape of `tensor` (`name:port`), or None.
 
-    Looked up in the traced graph; for a node grappler made, through the
-    inputs of element-wise ops in the optimized graph `optimized` (name: node).
+    Looked up in the traced graph; for a node grappler made, in the optimized
+    graph `optimized` (name: node): a constant's own shape, or an element-wise
+    op's through its inputs.
     """
     if graph is None:
         return None
@@ -99,6 +111,8 @@ def _static_shape(
         shape = graph.get_operation_by_name(name).outputs[int(port or 0)].shape
     except (KeyError, ValueError, IndexError):
         node = (optimized or {}).get(name)
+        if node is not None and node.op == "Const":  # a constant grappler folded
+            return [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         if node is None or node.op not in ELEMENTWISE or depth == 0:
             return None
         shapes = {
@@ -200,6 +214,48 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
         "input_tower": scopes.input_tower(node.name),
         "stray": stray,
     }
+
+
+def reduction_transfers(
+    reducer, devices: Sequence[str], destinations: Sequence[str], sizes: Sequence[int],
+    dtype=tf.float32,
+) -> list[dict]:
+    """Transfers of one call of `reducer` on tensors of `sizes` per device.
+
+    The inputs are variables read on their devices, and each destination
+    stores a sum of its result in a variable of its own (a side effect keeps
+    the reduction alive without returning tensors to the caller's device), so
+    nothing but the reduction crosses devices. Returns (function, transfer
+    records of its first call); call `function()` again to time it.
+    """
+    inputs, sinks = [], []
+    for k, device in enumerate(devices):
+        with tf.device(device):
+            inputs.append(
+                [tf.Variable(np.full([n], k + 1.0), dtype=dtype, trainable=False) for n in sizes]
+            )
+    for destination in destinations:
+        with tf.device(destination):
+            sinks.append(tf.Variable(tf.zeros([], dtype), trainable=False))
+
+    @tf.function
+    def reduce_once():
+        grads = []
+        for device, tower in zip(devices, inputs):
+            with tf.device(device):
+                grads.append([v.read_value() for v in tower])
+        reduced = reducer(grads, devices, destinations)
+        for destination, sink, result in zip(destinations, sinks, reduced):
+            with tf.device(destination):
+                sink.assign(tf.add_n([tf.reduce_sum(g) for g in result]))
+
+    _, metadata = collect(reduce_once)
+    graph = reduce_once.get_concrete_function().graph
+    sent = [
+        t for t in records(metadata, "train", devices, graph)
+        if t["kind"] == "transfer" and not t["control"]
+    ]
+    return reduce_once, sent
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,36 +50,44 @@ def matrix(entries: Iterable[dict], step: str) -> dict[tuple[str, str], int]:
 ALL_REDUCES = ("ring", "tree", "hierarchical")
 
 
-def expected_bytes(info: dict, step: str) -> int | None:
-    """What the reduction scheme should move per step, or None if unknown.
+def reduction_bytes(info: dict) -> int | None:
+    """Bytes the gradient reduction alone should move per step, or None.
 
-    * Variables on the reduce device: every tower off it reads every variable
-      (parameter bytes P each step, train and eval).
-    * central: each tower off the reduce device sends its gradients there (P);
-      with replicated variables the mean comes back (P).
+    * central: each tower off the reduce device sends its gradients there
+      (parameter bytes P); with replicated variables the mean comes back (P).
     * ring, tree, hierarchical with replicated variables: an all-reduce moves
       2(N-1) x P in total, however it is routed (ring: 2(N-1)/N x P per
       device). With variables on the reduce device only one device needs the
-      result and TensorFlow prunes the hops that feed no one, so there is no
-      fixed figure: None.
-    * --compress halves the gradient traffic of float32 models.
+      result and TensorFlow prunes the hops that feed no one: no fixed figure.
+    * --compress halves the traffic of float32 gradients.
     * collective, nccl and user reducers move tensors TensorFlow does not show
       as _Send/_Recv, or in ways unknown here: None.
     """
     p = info["parameter_bytes"]
     towers, reduce_device = info["towers"], info["reduce_device"]
     replicated = info.get("variables") == "replicated"
-    remote = sum(1 for d in towers if d != reduce_device)
-    reads = 0 if replicated else remote * p
-    if step == "eval":
-        return reads
     narrow = 0.5 if info.get("compress") else 1.0
     reducer = info.get("reducer", "central")
     if reducer == "central":
-        return reads + int(narrow * remote * p * (2 if replicated else 1))
+        remote = sum(1 for d in towers if d != reduce_device)
+        return int(narrow * remote * p * (2 if replicated else 1))
     if reducer in ALL_REDUCES and replicated:
         return int(narrow * 2 * (len(towers) - 1) * p)
     return None
+
+
+def expected_bytes(info: dict, step: str) -> int | None:
+    """What a step should move: with variables on the reduce device, every tower
+    off it reads every variable (P, train and eval); training adds the
+    reduction (`reduction_bytes`). None when the reduction's figure is unknown."""
+    p = info["parameter_bytes"]
+    replicated = info.get("variables") == "replicated"
+    remote = sum(1 for d in info["towers"] if d != info["reduce_device"])
+    reads = 0 if replicated else remote * p
+    if step == "eval":
+        return reads
+    reduction = reduction_bytes(info)
+    return None if reduction is None else reads + reduction
 
 
 def strays(entries: Iterable[dict]) -> list[dict]:

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from engine import placement
 from engine.devices import DeviceRequest, resolve
 from engine.reducers import Central
 from engine.step import TowerStep, tower_gradients
@@ -74,27 +74,13 @@ def test_update_applies_the_mean_not_the_sum(digits):
     np.testing.assert_allclose(metrics["loss"], whole.loss.numpy(), rtol=1e-5)
 
 
-TRANSFERS = ("_Send", "_Recv", "_HostSend", "_HostRecv")
-
-
 def assigned_devices(function, *args):
-    """{node name: device short name} of the partitioned graphs TensorFlow ran.
-
-    Transfers are left out: a _Recv is named after the tensor it receives but
-    runs on the receiving device.
-    """
-    context.enable_run_metadata()
-    try:
-        function(*args)
-        metadata = context.export_run_metadata()
-    finally:
-        context.disable_run_metadata()
+    """{op name: assigned device} from the runtime placement of one call."""
+    _, metadata = placement.collect(function, *args)
     return {
-        node.name: node.device.rsplit("/", 1)[-1]
-        for graph in metadata.function_graphs
-        for partition in graph.partition_graphs
-        for node in partition.node
-        if node.op not in TRANSFERS
+        r["name"]: r["assigned"]
+        for r in placement.records(metadata, "train", [])
+        if r["kind"] == "op"
     }
 
 
@@ -112,7 +98,7 @@ def test_each_tower_runs_its_backward_pass_on_its_own_device(digits):
             # Reading a variable runs where the variable lives, on the reduce device.
             if name.startswith(f"tower_{k}/") and not name.endswith("ReadVariableOp")
         }
-        assert backward == {f"device:CPU:{k}"}
-        assert forward == {f"device:CPU:{k}"}
+        assert backward == {f"/cpu:{k}"}
+        assert forward == {f"/cpu:{k}"}
     mean_ops = {d for name, d in devices.items() if name.startswith("reduce/")}
-    assert mean_ops == {"device:CPU:3"}
+    assert mean_ops == {"/cpu:3"}

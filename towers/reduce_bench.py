@@ -1,0 +1,159 @@
+"""`tower-reduce-bench`: time each reducer alone and count the bytes it moves.
+
+For every reducer and tensor size, places one float32 tensor per tower on the
+towers' devices, runs the reducer in a `tf.function`, reads the bytes it sent
+from the placement of the first call, then times `--repeats` calls. Prints a
+table: median time per reduction, algorithm bandwidth (tensor bytes / time),
+bytes moved in total against the algorithm's ideal, and the busiest device.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import click
+
+from towers.cli import OneLineCommand, UsageFailure, import_tensorflow
+
+
+def parse_size(text: str) -> int:
+    """`256K`, `1M`, `1000` -> float32 elements."""
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isdigit() or int(digits) < 1:
+        raise UsageFailure(f"--sizes: {text!r} is not a size like 4096, 256K or 1M")
+    return int(digits) * scale
+
+
+def measure(reducer_name, placement, size, options, variables, repeats, warmup):
+    """One row of the table: `reducer_name` on one float32 tensor of `size` per tower."""
+    from engine import placement as capture, placement_report, reducers
+
+    reducer = reducers.build(options, placement)
+    devices = placement.devices
+    destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
+    function, sent = capture.reduction_transfers(reducer, devices, destinations, [size])
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    per_device = {}
+    for t in sent:
+        per_device[t["src"]] = per_device.get(t["src"], 0) + (t["bytes"] or 0)
+    info = {
+        "parameter_bytes": 4 * size,
+        "towers": list(devices),
+        "reduce_device": placement.reduce_device,
+        "variables": variables,
+        "reducer": reducer_name,
+        "compress": options.compress,
+    }
+    return {
+        "reducer": reducer_name,
+        "towers": len(devices),
+        "tensor_bytes": 4 * size,
+        "seconds": statistics.median(times),
+        "bytes_moved": sum(per_device.values()),
+        "ideal_bytes": placement_report.reduction_bytes(info),
+        "busiest_device_bytes": max(per_device.values(), default=0),
+        "transfers_visible": bool(sent),
+    }
+
+
+def table(rows) -> str:
+    header = (f"{'reducer':<13}{'towers':>7}{'tensor MB':>11}{'ms':>9}{'GB/s':>8}"
+              f"{'moved MB':>10}{'ideal MB':>10}{'moved/ideal':>13}{'busiest MB':>12}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        mb = r["tensor_bytes"] / 1e6
+        if not r["transfers_visible"]:
+            moved = ideal = ratio = busiest = "n/a"
+        else:
+            moved = f"{r['bytes_moved'] / 1e6:.2f}"
+            busiest = f"{r['busiest_device_bytes'] / 1e6:.2f}"
+            ideal = "?" if r["ideal_bytes"] is None else f"{r['ideal_bytes'] / 1e6:.2f}"
+            ratio = ("?" if not r["ideal_bytes"] else f"{r['bytes_moved'] / r['ideal_bytes']:.3f}")
+        lines.append(
+            f"{r['reducer']:<13}{r['towers']:>7}{mb:>11.2f}{1e3 * r['seconds']:>9.2f}"
+            f"{r['tensor_bytes'] / r['seconds'] / 1e9:>8.2f}{moved:>10}{ideal:>10}"
+            f"{ratio:>13}{busiest:>12}"
+        )
+    return "\n".join(lines)
+
+
+@click.command(name="tower-reduce-bench", cls=OneLineCommand)
+@click.option("--devices", default="cpu:4", show_default=True,
+              help="Towers, as for tower-train (cpu:N splits the host CPU).")
+@click.option("--reduce-device", default=None, help="Default /cpu:0.")
+@click.option("--sizes", default="256K,1M,4M", show_default=True,
+              help="float32 elements per tensor, comma-separated (K = 1024, M = 1024^2).")
+@click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
+              show_default=True)
+@click.option("--variables", default="replicated", show_default=True,
+              type=click.Choice(["replicated", "reduce-device"]),
+              help="replicated: every tower needs the mean (an all-reduce); "
+              "reduce-device: only the reduce device does.")
+@click.option("--group-size", default=2, show_default=True, type=int)
+@click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]))
+@click.option("--repeats", default=20, show_default=True, type=int)
+@click.option("--warmup", default=3, show_default=True, type=int)
+@click.option("--json", "json_path", default=None, help="Also write the rows as JSON.")
+def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, compress,
+                 repeats, warmup, json_path):
+    """Time each reducer alone and compare the bytes it moves with its ideal."""
+    from engine import devices as devs
+    from engine import reducers
+
+    try:
+        request = devs.parse_request(devices, reduce_device)
+    except devs.DeviceError as err:
+        raise UsageFailure(str(err))
+    element_counts = [parse_size(s.strip()) for s in sizes.split(",")]
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in reducers.BUILT_INS]
+    if unknown:
+        raise UsageFailure(
+            f"--reducers: {', '.join(unknown)} not built in; choose from "
+            f"{', '.join(reducers.BUILT_INS)}"
+        )
+    if repeats < 1:
+        raise UsageFailure(f"--repeats ({repeats}) must be at least 1")
+    import_tensorflow()
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(
+        max(devs.default_cpu_towers(), len(request.towers or ()) + 2)
+    )
+    try:
+        placement = devs.configure(request)
+    except devs.DeviceError as err:
+        raise UsageFailure(str(err))
+    rows = []
+    for name in chosen:
+        try:
+            options = reducers.ReducerOptions(name, group_size, 0, compress)
+        except reducers.ReducerError as err:
+            raise UsageFailure(str(err))
+        for count in element_counts:
+            try:
+                rows.append(
+                    measure(name, placement, count, options, variables, repeats, warmup)
+                )
+            except reducers.ReducerError as err:
+                raise UsageFailure(str(err))
+            click.echo(f"measured {name} on {count * 4 / 1e6:.2f} MB", err=True)
+    click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
+               f"{variables} variables, median of {repeats} reductions")
+    click.echo(table(rows))
+    if json_path:
+        with open(json_path, "w") as stream:
+            json.dump(rows, stream, indent=1)
+
+
+def main():
+    reduce_bench.main(prog_name="tower-reduce-bench")
