@@ -196,7 +196,10 @@ def _transfer(node, step: str, graph, ops_by_name: dict[str, str], optimized) ->
 def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
     assigned = short_device(node.device)
     wanted = short_device(requested) if requested else None
-    owner = scopes.owner(node.name)
+    if scopes.is_partition_node(node.name, node.op):
+        owner = "other"  # carries a control edge; it belongs to no tower
+    else:
+        owner = scopes.owner(node.name)
     stray = None
     if node.op not in PLUMBING and not _takes_resource(node.op):
         if isinstance(owner, int) and owner < len(towers) and assigned != towers[owner]:
@@ -211,7 +214,7 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
         "requested": wanted,
         "assigned": assigned,
         "tower": owner,
-        "input_tower": scopes.input_tower(node.name),
+        "input_tower": None if owner == "other" else scopes.input_tower(node.name),
         "stray": stray,
     }
 

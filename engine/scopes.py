@@ -29,8 +29,22 @@ def input_scope(index: int) -> str:
     return f"input_{index}"
 
 
+# An op inside a tf.cond branch, after TensorFlow lowers the cond, is named
+# cond/then/_0/cond/<its own name>; the owner is read from its own name.
+_BRANCH = re.compile(r"^(?:[\w.-]+/(?:then|else)/_\d+/[\w.-]+/)+")
+# Nodes graph partitioning adds for a control edge between devices: a
+# constant .../ctrl/_N on the sender and an Identity .../_N on the receiver.
+_PARTITION = re.compile(r"/(?:ctrl/)?_\d+$")
+
+
+def is_partition_node(name: str, op: str) -> bool:
+    """True for the nodes partitioning adds to carry control edges."""
+    return op in ("Const", "Identity") and bool(_PARTITION.search(name))
+
+
 def owner(name: str) -> int | str:
     """Tower index, `input`, `reduce` or `other` for an op named `name`."""
+    name = _BRANCH.sub("", name)
     match = _TOWER.match(name)
     if match:
         return int(match.group(1))
@@ -43,5 +57,5 @@ def owner(name: str) -> int | str:
 
 def input_tower(name: str) -> int | None:
     """The tower whose batch an `input_k/` op fetches, else None."""
-    match = _INPUT.match(name)
+    match = _INPUT.match(_BRANCH.sub("", name))
     return int(match.group(1)) if match else None

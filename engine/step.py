@@ -26,6 +26,16 @@ class TowerResult(NamedTuple):
     loss: tf.Tensor  # mean over the tower's batch
     correct: tf.Tensor  # number of right predictions, float32
     grads: list[tf.Tensor]
+    finite: tf.Tensor  # loss and every gradient finite, bool
+
+
+class Reduced(NamedTuple):
+    """What the towers computed together on one step."""
+
+    grads: list[list[tf.Tensor]]  # one list per destination of the variable mode
+    loss: tf.Tensor  # mean over towers
+    correct: tf.Tensor  # total over towers
+    finite: tf.Tensor  # [towers] bool
 
 
 def sparse_cross_entropy(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
@@ -38,6 +48,10 @@ def count_correct(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
     return tf.cast(predicted == labels, tf.float32)
 
 
+def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
+
+
 def tower_gradients(model: keras.Model, images, labels) -> TowerResult:
     """Forward and backward of one tower, on the device scope it is called in."""
     labels = tf.reshape(labels, [-1])
@@ -46,7 +60,12 @@ def tower_gradients(model: keras.Model, images, labels) -> TowerResult:
         probs = model(images, training=True)
         loss = tf.reduce_mean(sparse_cross_entropy(labels, probs))
     grads = tape.gradient(loss, variables)
-    return TowerResult(loss, tf.reduce_sum(count_correct(labels, probs)), grads)
+    # No per-tower timestamps here: tf.timestamp is stateful, and tf.function
+    # orders stateful ops in program order, which would run the towers one
+    # after another.
+    return TowerResult(
+        loss, tf.reduce_sum(count_correct(labels, probs)), grads, all_finite([loss, *grads])
+    )
 
 
 class TowerStep:
@@ -72,8 +91,21 @@ class TowerStep:
             self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             self.samples = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+            # Steps taken since the run began, and steps whose update was
+            # skipped because a loss or gradient was not finite.
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.train = tf.function(self._train)
         self.evaluate = tf.function(self._evaluate)
+
+    def trackables(self) -> dict:
+        """Everything a checkpoint must hold to continue this run exactly."""
+        return {
+            **self.variables.trackables(),
+            "global_step": self.global_step,
+            "skipped": self.skipped,
+            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
+        }
 
     def reset_metrics(self) -> None:
         for var in (self.loss_sum, self.correct_sum, self.samples):
@@ -90,8 +122,8 @@ class TowerStep:
             "accuracy": float(self.correct_sum.numpy()) / max(samples, 1.0),
         }
 
-    def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]):
-        """Reduced gradients, mean loss and total correct over the towers' batches.
+    def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]) -> Reduced:
+        """Reduced gradients and the towers' losses over their batches.
 
         `batches[k]` is tower k's (images, labels). Each tower's work is placed
         on its device; the reduction is the reducer's. The gradients come as
@@ -106,9 +138,12 @@ class TowerStep:
             [r.grads for r in results], self.placement.devices, self.variables.destinations
         )
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
-            loss = mean([r.loss for r in results])
-            correct = tf.add_n([r.correct for r in results])
-        return grads, loss, correct
+            return Reduced(
+                grads,
+                mean([r.loss for r in results]),
+                tf.add_n([r.correct for r in results]),
+                tf.stack([r.finite for r in results]),
+            )
 
     def _next_batches(self, iterators):
         batches = []
@@ -118,16 +153,38 @@ class TowerStep:
         return batches
 
     def _train(self, iterators):
+        """One step; the update and the metric sums are skipped when any tower's
+        loss or gradient is not finite, so a bad batch never reaches the
+        variables."""
         batches = self._next_batches(iterators)
-        grads, loss, correct = self.gradients(batches)
-        self.variables.apply(grads)
+        step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
-            self.loss_sum.assign_add(tf.cast(loss, tf.float64))
-            self.correct_sum.assign_add(tf.cast(correct, tf.float64))
             samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
-            self.samples.assign_add(tf.cast(samples, tf.float64))
-            self.steps.assign_add(1)
-        return loss
+            samples = tf.cast(samples, tf.float64)
+            finite = tf.reduce_all(step.finite)
+
+        def update():
+            self.variables.apply(step.grads)
+            with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
+                self.loss_sum.assign_add(tf.cast(step.loss, tf.float64))
+                self.correct_sum.assign_add(tf.cast(step.correct, tf.float64))
+                self.samples.assign_add(samples)
+                self.steps.assign_add(1)
+                return tf.constant(True)
+
+        def skip():
+            with tf.device(self.placement.reduce_device):
+                self.skipped.assign_add(1)
+                return tf.constant(False)
+
+        with tf.device(self.placement.reduce_device):
+            tf.cond(finite, update, skip)
+            self.global_step.assign_add(1)
+            return {
+                "loss": step.loss,
+                "accuracy": tf.cast(step.correct, tf.float64) / samples,
+                "finite": step.finite,
+            }
 
     def _evaluate(self, iterators, valid):
         """Loss sum, correct count and sample count over the real samples.

@@ -46,6 +46,9 @@ class ReduceDeviceVariables:
     def model_for(self, tower: int) -> keras.Model:
         return self.model
 
+    def trackables(self) -> dict:
+        return {"model": self.model, "optimizer": self.optimizer}
+
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         with tf.device(self.device), tf.name_scope(scopes.UPDATE):
             self.optimizer.apply(list(reduced[0]), self.model.trainable_variables)
@@ -81,6 +84,9 @@ class ReplicatedVariables:
 
     def model_for(self, tower: int) -> keras.Model:
         return self.models[tower]
+
+    def trackables(self) -> dict:
+        return {"models": self.models, "optimizers": self.optimizers}
 
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         for device, model, optimizer, grads in zip(

@@ -48,7 +48,9 @@ def test_mean_of_towers_equals_one_device_on_the_whole_batch(digits, num_towers)
     step = make_step(num_towers)
     images, labels, batches = tower_batches(digits, step)
 
-    (towers_grads,), loss, _ = tf.function(step.gradients)(batches)
+    reduced = tf.function(step.gradients)(batches)
+    (towers_grads,), loss = reduced.grads, reduced.loss
+    assert reduced.finite.numpy().tolist() == [True] * num_towers
     with tf.device("/cpu:0"):
         whole = tf.function(lambda x, y: tower_gradients(step.model, x, y))(images, labels)
 
