@@ -44,6 +44,8 @@ class DataOptions:
       seed: base seed; tower k shuffles with seed + k.
       num_threads: DALI CPU worker threads per pipeline.
       prefetch: DALI prefetch queue depth.
+      checkpointing: build CPU pipelines so their reader position can be
+        saved in a checkpoint (DALI's enable_checkpointing).
     """
 
     format: str
@@ -55,6 +57,7 @@ class DataOptions:
     seed: int = 0
     num_threads: int = 2
     prefetch: int = 2
+    checkpointing: bool = False
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -170,6 +173,16 @@ def _folder_info(train: str, val: str | None) -> DatasetInfo:
             for f in os.listdir(os.path.join(root, c))
         )
 
+    if val:
+        val_classes = sorted(
+            d for d in os.listdir(val) if os.path.isdir(os.path.join(val, d))
+        )
+        if val_classes != classes:
+            raise DataError(
+                f"--data: {val!r} has class folders {val_classes}, train/ has "
+                f"{classes}; DALI numbers classes by sorted folder name, so both "
+                "must hold the same class folders"
+            )
     return DatasetInfo(
         "folder", train, val, count(train), count(val) if val else None, len(classes)
     )
@@ -194,6 +207,8 @@ def tower_pipeline(options: DataOptions, tower: Tower, *, training: bool):
         device_id=gpu,
         seed=options.seed + tower.index,
         prefetch_queue_depth=options.prefetch,
+        # Only CPU pipelines' state can go through tf.train.Checkpoint.
+        enable_checkpointing=options.checkpointing and gpu is None,
     )
     height, width, channels = options.image_shape
     with pipe:
@@ -248,6 +263,10 @@ def tower_dataset(options: DataOptions, tower: Tower, *, training: bool):
             output_shapes=((batch, *options.image_shape), (batch, 1)),
             output_dtypes=(tf.float32, tf.int32),
             device_id=tower.gpu_index,
+            # DALIDataset rebuilds the pipeline from its serialized form with
+            # its own defaults (4 threads) unless told these again.
+            num_threads=options.num_threads,
+            prefetch_queue_depth=options.prefetch,
         )
 
 

@@ -177,6 +177,15 @@ def default_cpu_towers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def expected_tower_count(request: DeviceRequest) -> int:
+    """How many towers a request will make, before TensorFlow starts."""
+    if request.towers is not None:
+        return len(request.towers)
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU")) or default_cpu_towers()
+
+
 def configure(request: DeviceRequest) -> Placement:
     """Splits the host CPU if asked, then resolves the request against TensorFlow.
 
@@ -186,7 +195,12 @@ def configure(request: DeviceRequest) -> Placement:
     import tensorflow as tf
 
     logical_cpus = request.logical_cpus
-    if request.towers is None and not tf.config.list_physical_devices("GPU"):
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        # DALI allocates GPU memory of its own beside TensorFlow's: let
+        # TensorFlow grow into the memory it needs instead of taking it all.
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if request.towers is None and not gpus:
         logical_cpus = default_cpu_towers()
     if logical_cpus is not None:
         split_host_cpu(logical_cpus)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import tensorflow as tf
 
@@ -64,7 +65,7 @@ class HeldOut:
         self.size = size
         self.batch_size = batch_size
         self.num_towers = num_towers
-        self.position = 0
+        self.position = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     @property
     def full_pass(self) -> int:
@@ -76,17 +77,26 @@ class HeldOut:
         totals = tf.zeros([3], tf.float32)
         for _ in range(num_steps):
             valid = data.valid_counts(
-                self.size, self.batch_size, self.num_towers, self.position
+                self.size, self.batch_size, self.num_towers, int(self.position.numpy())
             )
             valid = tf.constant(valid, tf.int32)
             totals += call("eval", step.evaluate, self.iterators, valid)
-            self.position += 1
+            self.position.assign_add(1)
         loss, correct, samples = totals.numpy().tolist()
         return {
             "eval_loss": loss / max(samples, 1.0),
             "eval_accuracy": correct / max(samples, 1.0),
             "eval_samples": int(samples),
         }
+
+
+class Watcher(Protocol):
+    """Something that looks at the run between steps (checkpoints, the
+    non-finite guard, signals). Either hook may raise to stop the run."""
+
+    def after_step(self, step: int, outputs: dict) -> None: ...
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None: ...
 
 
 def run(
@@ -96,44 +106,54 @@ def run(
     options: LoopOptions,
     progress: EpochProgress,
     call: Callable = plain_call,
+    watchers: Sequence[Watcher] = (),
 ) -> list[dict]:
-    """Trains for `options.epochs` epochs and returns one record per epoch.
+    """Trains until `options.epochs` epochs are done; returns one record per
+    epoch run here.
 
-    Every step runs as `call(kind, function, *args)`, kind `train` or `eval`.
+    Starts from the step counter in `step`, so a restored run continues in
+    the middle of the epoch it stopped in. Every step runs as
+    `call(kind, function, *args)`, kind `train` or `eval`.
     """
     metrics_file = MetricsFile(options.metrics_path)
     global_batch = sum(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
+    per_epoch = options.steps_per_epoch
+    done = int(step.global_step.numpy())
     history = []
-    done = 0
-    for epoch in range(1, options.epochs + 1):
+    for epoch in range(done // per_epoch + 1, options.epochs + 1):
         progress.start(epoch, options.epochs)
-        step.reset_metrics()
+        first = done % per_epoch + 1
+        if first == 1:
+            step.reset_metrics()  # a resumed epoch keeps the sums it restored
         start = time.perf_counter()
-        for k in range(1, options.steps_per_epoch + 1):
-            call("train", step.train, train_iterators)
+        for k in range(first, per_epoch + 1):
+            outputs = call("train", step.train, train_iterators)
             done += 1
             if options.check_replicas and done % options.check_replicas == 0:
                 step.variables.check(options.replica_tolerance, done)
-            if progress.due() and k < options.steps_per_epoch:
+            for watcher in watchers:
+                watcher.after_step(done, outputs)
+            if progress.due() and k < per_epoch:
                 elapsed = time.perf_counter() - start
                 progress.update(
                     k,
-                    options.steps_per_epoch,
-                    {**_train_values(step), "images/s": k * global_batch / elapsed},
+                    per_epoch,
+                    {**_train_values(step), "images/s": (k - first + 1) * global_batch / elapsed},
                 )
         seconds = time.perf_counter() - start
         record = {"epoch": epoch, **step.metrics()}
-        record["images_per_sec"] = record["steps"] * global_batch / seconds
+        record["images_per_sec"] = (per_epoch - first + 1) * global_batch / seconds
         record["seconds"] = seconds
+        record["skipped"] = int(step.skipped.numpy())
         record.update(eval_loss=None, eval_accuracy=None)
         if held_out is not None and options.eval_steps:
             eval_start = time.perf_counter()
             record.update(held_out.evaluate(step, options.eval_steps, call))
             record["eval_seconds"] = time.perf_counter() - eval_start
         progress.end(
-            options.steps_per_epoch,
+            per_epoch,
             seconds,
             {
                 **_train_values(record),
@@ -143,6 +163,8 @@ def run(
             },
         )
         metrics_file.write(record)
+        for watcher in watchers:
+            watcher.after_epoch(epoch, done, record)
         history.append(record)
     return history
 

@@ -14,9 +14,11 @@ def load_function(spec: str, flag: str, error: type[Exception]) -> Callable:
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if not module_name or not attr:
+        raise error(f"{flag} {spec!r} is not package.module:function")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
+    except Exception as err:  # the user's module may fail in any way on import
         raise error(f"{flag} {spec!r}: cannot import {module_name!r} ({err})")
     function = getattr(module, attr, None)
     if not callable(function):

@@ -47,7 +47,9 @@ class ReduceDeviceVariables:
         return self.model
 
     def trackables(self) -> dict:
-        return {"model": self.model, "optimizer": self.optimizer}
+        # Keras 3 models are not checkpoint-trackable objects of their own: list
+        # every variable, the dropout seed generators' state among them.
+        return {"model": list(self.model.variables), "optimizer": self.optimizer}
 
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         with tf.device(self.device), tf.name_scope(scopes.UPDATE):
@@ -86,7 +88,10 @@ class ReplicatedVariables:
         return self.models[tower]
 
     def trackables(self) -> dict:
-        return {"models": self.models, "optimizers": self.optimizers}
+        return {
+            "models": [list(model.variables) for model in self.models],
+            "optimizers": self.optimizers,
+        }
 
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         for device, model, optimizer, grads in zip(

@@ -29,3 +29,34 @@ def misplaced(input_shape, num_classes):
          keras.layers.Dense(num_classes, activation="softmax")],
         name="misplaced",
     )
+
+
+class PoisonOnTower1(keras.layers.Layer):
+    """Passes its input through, except on tower 1 (/cpu:1) from its call
+    number `after` + 1 on, in training, where it returns NaN: a loss that
+    turns non-finite at a known step on a known tower."""
+
+    def __init__(self, after, **kwargs):
+        super().__init__(**kwargs)
+        self.after = after
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                     name="calls")
+
+    def call(self, x, training=False):
+        import tensorflow as tf
+
+        if not training or not getattr(x, "device", "").endswith("CPU:1"):
+            return x
+        self.calls.assign_add(1.0)
+        return x * tf.where(self.calls > self.after, float("nan"), 1.0)
+
+
+def nan_on_tower_1_at_step_6(input_shape, num_classes):
+    """Softmax regression whose tower 1 goes non-finite at step 6."""
+    return keras.Sequential(
+        [keras.Input(input_shape), keras.layers.Flatten(), PoisonOnTower1(5),
+         keras.layers.Dense(num_classes, activation="softmax")],
+        name="nan_at_6",
+    )

@@ -13,42 +13,19 @@ import sys
 
 import click
 
+from towers.cli_common import (
+    OneLineCommand,
+    UsageFailure,
+    check_output_path,
+    fail,
+    import_tensorflow,
+)
+
 DEFAULT_DATA = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
     "tower-train",
     "mnist",
 )
-
-
-class UsageFailure(Exception):
-    """Bad input: printed as one line, exit code 2."""
-
-
-def fail(prog: str, message: str, code: int = 2) -> None:
-    click.echo(f"{prog}: error: {message}", err=True)
-    sys.exit(code)
-
-
-class OneLineErrors:
-    """Mixin for click commands and groups: usage errors are one line, exit 2."""
-
-    def main(self, args=None, **kwargs):
-        try:
-            return super().main(args, standalone_mode=False, **kwargs)
-        except click.exceptions.Abort:
-            fail(self.name, "interrupted", 130)
-        except click.UsageError as err:
-            fail(self.name, err.format_message().replace("\n", " "))
-        except UsageFailure as err:
-            fail(self.name, str(err))
-
-
-class OneLineCommand(OneLineErrors, click.Command):
-    pass
-
-
-class OneLineGroup(OneLineErrors, click.Group):
-    pass
 
 
 @click.command(name="tower-train", cls=OneLineCommand)
@@ -115,6 +92,21 @@ class OneLineGroup(OneLineErrors, click.Group):
 @click.option("--check-replicas", default=0, show_default=True, type=int,
               help="With --variables replicated, compare the copies every K steps "
               "and stop if they drift apart.")
+@click.option("--checkpoint-dir", default=None,
+              help="Save checkpoints here: at the end of every epoch, and every "
+              "--checkpoint-every steps.")
+@click.option("--checkpoint-every", default=0, show_default=True, type=int,
+              help="Also save every K steps (0: only at the end of epochs).")
+@click.option("--keep-checkpoints", default=3, show_default=True, type=int,
+              help="Keep the newest M checkpoints.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest good checkpoint in --checkpoint-dir.")
+@click.option("--skip-nonfinite", is_flag=True,
+              help="Skip (and count) steps whose loss or gradient is not finite "
+              "instead of stopping.")
+@click.option("--deterministic", is_flag=True,
+              help="TensorFlow op determinism: runs with the same seed and devices "
+              "give identical losses.")
 @click.option("--placement-log", default=None,
               help="Write where every op of the first train and eval steps really "
               "ran, and what crossed devices, to this JSON Lines file; a summary "
@@ -148,6 +140,12 @@ def tower_train(
     pack_bytes,
     compress,
     check_replicas,
+    checkpoint_dir,
+    checkpoint_every,
+    keep_checkpoints,
+    resume,
+    skip_nonfinite,
+    deterministic,
     placement_log,
     strict_placement,
     log_device_placement,
@@ -174,8 +172,7 @@ def tower_train(
         if value < least:
             raise UsageFailure(f"{flag} ({value}) must be at least {least}")
     for flag, path in (("--metrics", metrics_path), ("--placement-log", placement_log)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UsageFailure(f"{flag} {path!r}: its directory does not exist")
+        check_output_path(flag, path)
 
     # A --data the user gave is checked now, before TensorFlow loads; the
     # default MNIST is prepared only once the devices are known to be good.
@@ -184,8 +181,14 @@ def tower_train(
     if log_device_placement:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
     import_tensorflow()
+    if deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
     if reducer == "collective":
-        _threads_for_collectives(request)
+        from engine.reducers.collective import reserve_inter_op_threads
+
+        reserve_inter_op_threads(devs.expected_tower_count(request))
     if log_device_placement:
         import tensorflow as tf
 
@@ -197,6 +200,12 @@ def tower_train(
     if info is None:
         info = _default_dataset(data_format)
     towers = len(placement.towers)
+    if info.val_size is not None and info.val_size < towers:
+        raise UsageFailure(
+            f"--data: {info.val_path} has {info.val_size} held-out samples, fewer than "
+            f"the {towers} towers that each need a shard of it; add samples or remove "
+            "val/"
+        )
     if info.train_size is not None and info.train_size // towers < batch_size:
         raise UsageFailure(
             f"--batch-size {batch_size}: {info.train_path} has {info.train_size} "
@@ -214,6 +223,7 @@ def tower_train(
         )
 
     from engine import loop, reducers
+    from engine.checkpoint import CheckpointOptions
     from towers import models, train
 
     try:
@@ -227,6 +237,7 @@ def tower_train(
             seed=seed,
             num_threads=dali_threads,
             prefetch=prefetch,
+            checkpointing=checkpoint_dir is not None,
         )
         note = ""
         if lr is None:
@@ -239,6 +250,10 @@ def tower_train(
                 epochs, num_steps, eval_steps, metrics_path, check_replicas
             ),
             placement=train.PlacementOptions(placement_log, strict_placement),
+            checkpoints=CheckpointOptions(
+                checkpoint_dir, checkpoint_every, keep_checkpoints, resume
+            ),
+            skip_nonfinite=skip_nonfinite,
         )
     except ValueError as err:
         raise UsageFailure(str(err))
@@ -270,36 +285,41 @@ def _default_dataset(data_format):
     return _inspect(DEFAULT_DATA, data_format)
 
 
-def _threads_for_collectives(request) -> None:
-    """Collectives in one process each hold an inter-op thread while they wait
-    for the others: give TensorFlow more threads than towers before it starts."""
-    import tensorflow as tf
-
-    from engine import devices as devs
-
-    towers = len(request.towers) if request.towers else max(
-        len(tf.config.list_physical_devices("GPU")), devs.default_cpu_towers()
-    )
-    current = tf.config.threading.get_inter_op_parallelism_threads()
-    tf.config.threading.set_inter_op_parallelism_threads(
-        max(current, devs.default_cpu_towers(), towers + 2)
-    )
-
-
 def _train(placement, options, info):
     import tensorflow as tf
 
+    from engine.checkpoint import CheckpointError
     from engine.data import GpuUnavailableError
+    from engine.guard import NonFiniteError
     from engine.placement import StrayPlacementError
+    from engine.signals import GracefulStop, StopRequested
     from engine.reducers import ReducerError
     from engine.variables import ReplicaDriftError
     from towers import train
     from towers.models import ModelError
 
     try:
-        train.train(placement, options, info)
+        with GracefulStop() as stop:
+            train.train(placement, options, info, stop=stop)
+    except StopRequested as stopped:
+        if stopped.checkpoint:
+            where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
+                     f"{resume_command()}")
+        else:
+            where = "no --checkpoint-dir, so nothing was saved"
+        click.echo(f"tower-train: stopped by {stopped}; {where}", err=True)
+        sys.exit(stopped.exit_code)
+    except NonFiniteError as err:
+        last = (f"the last good checkpoint is {err.checkpoint}; resume with: "
+                f"{resume_command()}" if err.checkpoint else "no checkpoint was saved")
+        fail("tower-train", f"{err}; {last}; or rerun with --skip-nonfinite", 1)
+    except CheckpointError as err:
+        fail("tower-train", str(err), 1)
     except (ModelError, GpuUnavailableError, ReducerError) as err:
         raise UsageFailure(str(err))
+    except ValueError as err:  # Keras refusing the model while the step is traced
+        first = str(err).strip().splitlines()[0]
+        raise UsageFailure(f"--model {options.model.model!r} cannot train here: {first}")
     except (StrayPlacementError, ReplicaDriftError) as err:
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
@@ -307,30 +327,12 @@ def _train(placement, options, info):
         fail("tower-train", f"training failed: {first}", 1)
 
 
-def import_tensorflow() -> None:
-    """Imports TensorFlow and the DALI plugin without their C++ start-up chatter.
+def resume_command() -> str:
+    """The command line that was run, with --resume."""
+    import shlex
 
-    TensorFlow and the plugin log CUDA probing and CPU features to fd 2 before
-    TF_CPP_MIN_LOG_LEVEL takes effect, so fd 2 is pointed at /dev/null for the
-    imports alone. A user who sets TF_CPP_MIN_LOG_LEVEL sees everything.
-    """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        import nvidia.dali.plugin.tf  # noqa: F401
-        import tensorflow  # noqa: F401
-
-        return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import nvidia.dali.plugin.tf  # noqa: F401
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    return shlex.join(["tower-train", *args, "--resume"])
 
 
 def main():

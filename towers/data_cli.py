@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from towers.cli import OneLineGroup, UsageFailure
+from towers.cli_common import OneLineGroup, UsageFailure
 
 
 @click.group(name="tower-data", cls=OneLineGroup)

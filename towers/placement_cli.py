@@ -7,7 +7,7 @@ import os
 
 import click
 
-from towers.cli import OneLineGroup, UsageFailure
+from towers.cli_common import OneLineGroup, UsageFailure
 
 
 def _load(path: str) -> list[dict]:

@@ -15,7 +15,12 @@ import time
 
 import click
 
-from towers.cli import OneLineCommand, UsageFailure, import_tensorflow
+from towers.cli_common import (
+    OneLineCommand,
+    UsageFailure,
+    check_output_path,
+    import_tensorflow,
+)
 
 
 def parse_size(text: str) -> int:
@@ -107,13 +112,16 @@ def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, co
                  repeats, warmup, json_path):
     """Time each reducer alone and compare the bytes it moves with its ideal."""
     from engine import devices as devs
-    from engine import reducers
 
+    check_output_path("--json", json_path)
     try:
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
     element_counts = [parse_size(s.strip()) for s in sizes.split(",")]
+    import_tensorflow()
+    from engine import reducers
+
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in reducers.BUILT_INS]
     if unknown:
@@ -123,12 +131,9 @@ def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, co
         )
     if repeats < 1:
         raise UsageFailure(f"--repeats ({repeats}) must be at least 1")
-    import_tensorflow()
-    import tensorflow as tf
+    from engine.reducers.collective import reserve_inter_op_threads
 
-    tf.config.threading.set_inter_op_parallelism_threads(
-        max(devs.default_cpu_towers(), len(request.towers or ()) + 2)
-    )
+    reserve_inter_op_threads(devs.expected_tower_count(request))
     try:
         placement = devs.configure(request)
     except devs.DeviceError as err:

@@ -15,7 +15,10 @@ import tensorflow as tf
 
 from engine import data, loop, placement_report
 from engine.devices import Placement
+from engine.checkpoint import CheckpointOptions, Checkpoints
+from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
+from engine.signals import GracefulStop, StopRequested
 from engine.progress import EpochProgress
 from engine import reducers
 from engine import variables as variables_lib
@@ -169,6 +172,8 @@ class TrainOptions:
     reducer: reducers.ReducerOptions
     loop: loop.LoopOptions
     placement: PlacementOptions = PlacementOptions()
+    checkpoints: CheckpointOptions = CheckpointOptions()
+    skip_nonfinite: bool = False
 
 
 def describe(
@@ -217,37 +222,120 @@ def describe(
     return "\n".join(lines)
 
 
-def train(placement: Placement, options: TrainOptions, info: data.DatasetInfo,
-          stream: TextIO = sys.stdout) -> list[dict]:
-    """Builds the towers and runs the loop; returns one record per epoch."""
+class CheckpointWatcher:
+    """Saves every `--checkpoint-every` steps and at the end of every epoch."""
+
+    def __init__(self, checkpoints: Checkpoints, say):
+        self.checkpoints = checkpoints
+        self.say = say
+        self.saved_at = -1
+
+    def save(self, step: int) -> str:
+        if step != self.saved_at:
+            self.checkpoints.save(step)
+            self.saved_at = step
+        return self.checkpoints.latest
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        if self.checkpoints.should_save(step):
+            self.save(step)
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        self.say(f"checkpoint: {self.save(step)}")
+
+
+class SignalWatcher:
+    def __init__(self, stop: GracefulStop):
+        self.stop = stop
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        self.stop.check(step)
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        self.stop.check(step)
+
+
+def run_info(placement: Placement, options: TrainOptions, model: keras.Model) -> RunInfo:
+    variables = model.trainable_variables
+    return RunInfo(
+        towers=placement.devices,
+        reduce_device=placement.reduce_device,
+        parameters=sum(int(v.numpy().size) for v in variables),
+        parameter_bytes=sum(int(v.numpy().nbytes) for v in variables),
+        batch_size=options.data.batch_size,
+        model=model.name,
+        reducer=options.reducer.name,
+        variables=options.model.variables,
+        compress=options.reducer.compress,
+    )
+
+
+def train(
+    placement: Placement,
+    options: TrainOptions,
+    info: data.DatasetInfo,
+    stream: TextIO = sys.stdout,
+    stop: GracefulStop | None = None,
+) -> list[dict]:
+    """Builds the towers, restores a checkpoint if asked, and runs the loop;
+    returns one record per epoch run.
+
+    Raises:
+      StopRequested: a signal stopped the run (after a checkpoint was saved).
+      NonFiniteError: a loss or gradient was not finite (nothing saved).
+    """
     towers = build(placement, options.data, options.model, options.reducer, info.val_size)
     model = towers.step.model
     print(describe(placement, options, model, info), file=stream, flush=True)
+
+    def say(message: str) -> None:
+        print(message, file=stream, flush=True)
+
+    watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite, say=say)]
+    saver = None
+    if options.checkpoints.directory:
+        state = {**towers.step.trackables(), "train_data": towers.train_iterators}
+        if towers.held_out is not None:
+            state["held_out"] = [*towers.held_out.iterators, towers.held_out.position]
+        checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
+        if options.checkpoints.resume:
+            path = checkpoints.restore()
+            say(
+                f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
+                if path
+                else f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
+                "starting from the beginning"
+            )
+        saver = CheckpointWatcher(checkpoints, say)
+        watchers.append(saver)
+    if stop is not None:
+        watchers.append(SignalWatcher(stop))
+
     log = None
     call = loop.plain_call
     if options.placement.capture:
-        variables = model.trainable_variables
-        run_info = RunInfo(
-            towers=placement.devices,
-            reduce_device=placement.reduce_device,
-            parameters=sum(int(v.numpy().size) for v in variables),
-            parameter_bytes=sum(int(v.numpy().nbytes) for v in variables),
-            batch_size=options.data.batch_size,
-            model=model.name,
-            reducer=options.reducer.name,
-            variables=options.model.variables,
-            compress=options.reducer.compress,
+        log = PlacementLog(
+            options.placement.log_path,
+            run_info(placement, options, model),
+            strict=options.placement.strict,
         )
-        log = PlacementLog(options.placement.log_path, run_info, strict=options.placement.strict)
         call = log.call
-    history = loop.run(
-        towers.step,
-        towers.train_iterators,
-        towers.held_out,
-        options.loop,
-        EpochProgress(stream),
-        call,
-    )
+    try:
+        history = loop.run(
+            towers.step,
+            towers.train_iterators,
+            towers.held_out,
+            options.loop,
+            EpochProgress(stream),
+            call,
+            watchers,
+        )
+    except StopRequested as stopped:
+        stopped.checkpoint = saver.save(stopped.step) if saver else None
+        raise
+    except NonFiniteError as err:
+        err.checkpoint = saver.checkpoints.latest if saver else None
+        raise
     if options.placement.log_path:
         print(placement_report.summary(log.entries), file=stream)
         print(f"placement log: {options.placement.log_path}", file=stream, flush=True)

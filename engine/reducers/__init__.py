@@ -7,18 +7,19 @@ choice into one reducer callable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from engine.devices import Placement
 from engine.userfn import load_function
-from engine.reducers.base import COMPRESSION, Link, Reducer, ReducerError
+from engine.reducers.base import COMPRESSION, FlatReducer, Link, Reducer, ReducerError
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
 from engine.reducers.collective import Collective
-from engine.reducers.hierarchical import Hierarchical
+from engine.reducers.hierarchical import hierarchical_all_reduce
 from engine.reducers.nccl import Nccl
 from engine.reducers.packing import Packed
-from engine.reducers.ring import Ring
-from engine.reducers.tree import Tree
+from engine.reducers.ring import ring_all_reduce
+from engine.reducers.tree import halving_doubling
 
 BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
 # Built-ins that move tensors themselves, hop by hop, through a Link.
@@ -58,6 +59,11 @@ class ReducerOptions:
             raise ReducerError(
                 f"--compress {self.compress!r} is not one of {', '.join(COMPRESSION)}"
             )
+        if self.name == "nccl" and self.compress == "bf16":
+            raise ReducerError(
+                "--reducer nccl --compress bf16: NCCL's all-reduce in TensorFlow "
+                "takes half, float, double, int32 or int64; use --compress fp16"
+            )
 
 
 def build(options: ReducerOptions, placement: Placement) -> Reducer:
@@ -67,11 +73,14 @@ def build(options: ReducerOptions, placement: Placement) -> Reducer:
     if options.name == "central":
         reducer = Central(placement.reduce_device, link)
     elif options.name == "ring":
-        reducer = Ring(link)
+        reducer = FlatReducer(functools.partial(ring_all_reduce, link=link), link)
     elif options.name == "tree":
-        reducer = Tree(link)
+        reducer = FlatReducer(functools.partial(halving_doubling, link=link), link)
     elif options.name == "hierarchical":
-        reducer = Hierarchical(options.group_size, link)
+        all_reduce = functools.partial(
+            hierarchical_all_reduce, link=link, group_size=options.group_size
+        )
+        reducer = FlatReducer(all_reduce, link)
     elif options.name == "collective":
         reducer = Collective(devices)
     elif options.name == "nccl":

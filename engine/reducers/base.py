@@ -23,6 +23,8 @@ from typing import Protocol
 
 import tensorflow as tf
 
+from engine import scopes
+
 COMPRESSION = {"fp16": tf.float16, "bf16": tf.bfloat16}
 
 
@@ -83,7 +85,7 @@ def check_towers(tower_grads, devices) -> None:
     if len(sizes) > 1:
         raise ValueError(f"towers returned different numbers of gradients: {sorted(sizes)}")
     if any(g is None for grads in tower_grads for g in grads):
-        raise ValueError(
+        raise ReducerError(
             "a tower returned no gradient for a trainable variable; every "
             "trainable variable must take part in the loss"
         )
@@ -122,3 +124,15 @@ def reduce_flat(
             with tf.device(destination):
                 out[d].append(tf.reshape(source, tf.shape(grads[0])))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatReducer:
+    """A reducer made from an all-reduce on flat buffers (see reduce_flat)."""
+
+    all_reduce: AllReduce
+    link: Link = Link()
+
+    def __call__(self, tower_grads, devices, destinations):
+        with tf.name_scope(scopes.REDUCE):
+            return reduce_flat(self.all_reduce, tower_grads, devices, destinations, self.link)

@@ -15,15 +15,27 @@ so the reducer refuses to build when TensorFlow was configured with too few
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from engine import scopes
-from engine.reducers.base import Link, ReducerError, reduce_flat
+from engine.reducers.base import FlatReducer, ReducerError
 
 _group_keys = itertools.count(1)
+
+
+def reserve_inter_op_threads(towers: int) -> None:
+    """Gives TensorFlow more inter-op threads than towers; call before it starts.
+
+    In one process each collective holds an inter-op thread while it waits
+    for the others.
+    """
+    current = tf.config.threading.get_inter_op_parallelism_threads()
+    cores = len(os.sched_getaffinity(0))
+    tf.config.threading.set_inter_op_parallelism_threads(max(current, cores, towers + 2))
+
 _instance_keys = itertools.count(1)
 
 
@@ -45,7 +57,6 @@ class Collective:
         for device in self.devices:
             with tf.device(device):
                 self.tokens.append(tf.Variable(0.0, trainable=False).handle)
-        self.link = Link()
 
     def all_reduce(self, flats, devices):
         if list(devices) != self.devices:
@@ -66,5 +77,4 @@ class Collective:
         return out
 
     def __call__(self, tower_grads, devices, destinations):
-        with tf.name_scope(scopes.REDUCE):
-            return reduce_flat(self.all_reduce, tower_grads, devices, destinations, self.link)
+        return FlatReducer(self.all_reduce)(tower_grads, devices, destinations)

@@ -10,13 +10,11 @@ talk across the slow links.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine import scopes
-from engine.reducers.base import Link, ReducerError, reduce_flat
+from engine.reducers.base import Link
 from engine.reducers.ring import ring_all_reduce
 
 
@@ -43,20 +41,3 @@ def hierarchical_all_reduce(
         for k in group[1:]:
             results[k] = link.send(leader_mean, leader, devices[k])
     return results
-
-
-@dataclasses.dataclass(frozen=True)
-class Hierarchical:
-    group_size: int = 2
-    link: Link = Link()
-
-    def __post_init__(self):
-        if self.group_size < 1:
-            raise ReducerError(f"--group-size ({self.group_size}) must be at least 1")
-
-    def __call__(self, tower_grads, devices, destinations):
-        def all_reduce(flats, devs):
-            return hierarchical_all_reduce(flats, devs, self.link, self.group_size)
-
-        with tf.name_scope(scopes.REDUCE):
-            return reduce_flat(all_reduce, tower_grads, devices, destinations, self.link)

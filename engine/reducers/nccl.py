@@ -12,9 +12,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine import scopes
 from engine.devices import split_name
-from engine.reducers.base import Link, ReducerError, reduce_flat
+from engine.reducers.base import FlatReducer, ReducerError
 
 
 class Nccl:
@@ -28,7 +27,6 @@ class Nccl:
             )
         if not tf.config.list_physical_devices("GPU"):
             raise ReducerError("--reducer nccl needs a GPU, and this machine has none")
-        self.link = Link()
 
     @staticmethod
     def all_reduce(flats, devices):
@@ -42,5 +40,4 @@ class Nccl:
         return out
 
     def __call__(self, tower_grads, devices, destinations):
-        with tf.name_scope(scopes.REDUCE):
-            return reduce_flat(self.all_reduce, tower_grads, devices, destinations, self.link)
+        return FlatReducer(self.all_reduce)(tower_grads, devices, destinations)

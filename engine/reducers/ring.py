@@ -9,13 +9,11 @@ placed on the receiving device; each device sends 2(N-1)/N of the buffer.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine import scopes
-from engine.reducers.base import Link, reduce_flat, split_even
+from engine.reducers.base import Link, split_even
 
 
 def ring_all_reduce(
@@ -59,15 +57,3 @@ def ring_all_reduce(
         with tf.device(device):
             results.append(tf.concat(chunks[i], axis=0))
     return results
-
-
-@dataclasses.dataclass(frozen=True)
-class Ring:
-    link: Link = Link()
-
-    def __call__(self, tower_grads, devices, destinations):
-        def all_reduce(flats, devs):
-            return ring_all_reduce(flats, devs, self.link)
-
-        with tf.name_scope(scopes.REDUCE):
-            return reduce_flat(all_reduce, tower_grads, devices, destinations, self.link)

@@ -14,13 +14,11 @@ out the exchange, and receive the result at the end.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine import scopes
-from engine.reducers.base import Link, reduce_flat, split_even
+from engine.reducers.base import Link, split_even
 
 
 def halving_doubling(
@@ -72,15 +70,3 @@ def halving_doubling(
     for extra in range(p, n):  # hand the folded devices their result
         results.append(link.send(results[extra - p], devices[extra - p], devices[extra]))
     return results
-
-
-@dataclasses.dataclass(frozen=True)
-class Tree:
-    link: Link = Link()
-
-    def __call__(self, tower_grads, devices, destinations):
-        def all_reduce(flats, devs):
-            return halving_doubling(flats, devs, self.link)
-
-        with tf.name_scope(scopes.REDUCE):
-            return reduce_flat(all_reduce, tower_grads, devices, destinations, self.link)

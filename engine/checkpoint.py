@@ -1,0 +1,97 @@
+"""Checkpoints that never lose work: save, keep the last few, resume the newest good one.
+
+A checkpoint holds the variables and optimizer slots (every replica's, with
+replicated variables), the global step and skipped-step count, the epoch's
+running sums, the held-out position, and the towers' DALI iterators: CPU
+pipelines are built with `enable_checkpointing=True`, so the data stream
+continues with exactly the next batches. GPU pipelines cannot be checkpointed
+through the TensorFlow plugin; their readers start again at the beginning of
+their shards after a resume.
+
+`tf.train.CheckpointManager` writes the data and index files first and the
+`checkpoint` state file last, so a checkpoint that was being written when the
+process died is not listed there. A listed checkpoint whose files are damaged
+fails to restore; the next older one is tried, with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import tensorflow as tf
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in the directory could be restored; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """Where and how often to save.
+
+    Attributes:
+      directory: where checkpoints go, or None for none.
+      every: also save every this many steps (0: only at the end of epochs).
+      keep: how many of the newest checkpoints to keep.
+      resume: continue from the newest good checkpoint in `directory`.
+    """
+
+    directory: str | None = None
+    every: int = 0
+    keep: int = 3
+    resume: bool = False
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise ValueError(f"--checkpoint-every ({self.every}) must be 0 or more")
+        if self.keep < 1:
+            raise ValueError(f"--keep-checkpoints ({self.keep}) must be at least 1")
+        if self.directory is None and (self.resume or self.every):
+            flag = "--resume" if self.resume else "--checkpoint-every"
+            raise ValueError(f"{flag} needs --checkpoint-dir DIR")
+
+
+class Checkpoints:
+    """Saves and restores one run's state in `options.directory`."""
+
+    def __init__(self, options: CheckpointOptions, state: dict, warn: Callable[[str], None]):
+        self.options = options
+        self.warn = warn
+        self.checkpoint = tf.train.Checkpoint(**state)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, options.directory, max_to_keep=options.keep
+        )
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    def save(self, step: int) -> str:
+        return self.manager.save(checkpoint_number=step)
+
+    def restore(self) -> str | None:
+        """Restores the newest checkpoint that loads; returns its path, or None
+        when the directory holds none.
+
+        Raises:
+          CheckpointError: checkpoints exist but none of them restores.
+        """
+        listed = list(reversed(self.manager.checkpoints))
+        for path in listed:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except Exception as err:  # a damaged file fails in many ways (IndexError, DataLossError, ...)
+                reason = str(err).strip().splitlines()[0][:160]
+                self.warn(f"checkpoint {path} cannot be restored ({reason}); trying an older one")
+                continue
+            return path
+        if listed:
+            raise CheckpointError(
+                f"--resume: none of the {len(listed)} checkpoints in "
+                f"{self.options.directory} can be restored; see the warnings above"
+            )
+        return None
+
+    def should_save(self, step: int) -> bool:
+        return bool(self.options.every) and step % self.options.every == 0

@@ -1,0 +1,38 @@
+"""The non-finite guard: stop (or skip and count) when a loss or gradient is not finite.
+
+The step itself never applies a non-finite update (engine/step.py); this
+watcher decides what the run does about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+class NonFiniteError(RuntimeError):
+    """A step's loss or gradient was not finite; the message is one line."""
+
+
+class NonFiniteGuard:
+    """Raises NonFiniteError naming the step and towers, or with `skip`
+    reports the skipped step and lets the run go on."""
+
+    def __init__(self, devices: Sequence[str], *, skip: bool, say: Callable[[str], None]):
+        self.devices = list(devices)
+        self.skip = skip
+        self.say = say
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        finite = outputs["finite"].numpy()
+        if finite.all():
+            return
+        towers = ", ".join(
+            f"tower {k} ({self.devices[k]})" for k, ok in enumerate(finite) if not ok
+        )
+        message = f"step {step}: the loss or a gradient of {towers} is not finite"
+        if not self.skip:
+            raise NonFiniteError(message + "; the update was not applied")
+        self.say(f"tower-train: warning: {message}; update skipped (--skip-nonfinite)")
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        pass

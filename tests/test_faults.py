@@ -1,0 +1,174 @@
+"""Training that never loses work: kill, interrupt, damaged checkpoints, NaN, determinism."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import BIN, REPO, run_cli
+
+
+def train_args(data_dir, checkpoint_dir, *extra):
+    return ["--devices", "cpu:2", "--data", data_dir, "--epochs", "2",
+            "--steps-per-epoch", "40", "--eval-steps", "3", "--checkpoint-dir",
+            str(checkpoint_dir), "--checkpoint-every", "10", "--keep-checkpoints", "10",
+            "--deterministic", *extra]
+
+
+def state(path):
+    """Every saved tensor but the data iterators' opaque state, by key."""
+    reader = tf.train.load_checkpoint(str(path))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if "train_data" not in k and "held_out/" not in k and "CHECKPOINTABLE" not in k}
+
+
+def start(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.Popen([os.path.join(BIN, "tower-train"), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(directory, name, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    state_file = directory / "checkpoint"
+    while time.monotonic() < deadline:
+        if state_file.exists() and f'"{name}"' in state_file.read_text():
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.005)
+    raise AssertionError(f"no {name} in {directory} after {timeout} s")
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(mnist_dir, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    result = run_cli("tower-train", *train_args(mnist_dir, whole))
+    assert result.returncode == 0, result.stderr
+
+    process = start(*train_args(mnist_dir, killed))
+    wait_for_checkpoint(killed, "ckpt-50", process)  # step 50 of 80: mid epoch 2
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+    resumed = run_cli("tower-train", *train_args(mnist_dir, killed), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {killed}/ckpt-" in resumed.stdout
+    expected, got = state(whole / "ckpt-80"), state(killed / "ckpt-80")
+    assert expected.keys() == got.keys() and len(expected) > 10
+    for key in expected:  # bit for bit: variables, Adam slots, dropout seeds, counters
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
+    directory = tmp_path / "ck"
+    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
+            "--steps-per-epoch", "100000", "--checkpoint-dir", str(directory)]
+    process = start(*args)
+    for line in process.stdout:  # training has begun
+        if line.startswith("Epoch 1/1"):
+            break
+    time.sleep(2)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == code
+    name = signal.Signals(signum).name
+    last = err.strip().splitlines()[-1]
+    prefix = f"tower-train: stopped by {name} after step "
+    assert last.startswith(prefix), err
+    step = int(last[len(prefix):].split(";")[0])
+    assert step > 0
+    assert last == (
+        f"{prefix}{step}; checkpoint saved: {directory}/ckpt-{step}; resume with: "
+        f"tower-train {' '.join(args)} --resume"
+    )
+    assert state(directory / f"ckpt-{step}")["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    directory = tmp_path / "ck"
+    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--steps-per-epoch", "5",
+            "--checkpoint-dir", str(directory)]
+    assert run_cli("tower-train", *args, "--epochs", "2").returncode == 0
+    newest = directory / "ckpt-10.data-00000-of-00001"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated, as by a full disk
+
+    result = run_cli("tower-train", *args, "--epochs", "3", "--resume")
+    assert result.returncode == 0, result.stderr
+    warning = next(l for l in result.stdout.splitlines() if l.startswith("warning:"))
+    assert warning.startswith(f"warning: checkpoint {directory}/ckpt-10 cannot be restored (")
+    assert warning.endswith("); trying an older one")
+    assert f"resumed from {directory}/ckpt-5 at step 5" in result.stdout
+    assert "Epoch 2/3" in result.stdout and "Epoch 1/3" not in result.stdout
+    assert (directory / "ckpt-15.index").exists()
+
+
+def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpoint(tmp_path):
+    directory = tmp_path / "ck"
+    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
+            "--steps-per-epoch", "8", "--model", "tests.user_models:nan_on_tower_1_at_step_6",
+            "--checkpoint-dir", str(directory), "--checkpoint-every", "2"]
+    result = run_cli("tower-train", *args)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "tower-train: error: step 6: the loss or a gradient of tower 1 (/cpu:1) is not "
+        f"finite; the update was not applied; the last good checkpoint is {directory}/ckpt-4; "
+        f"resume with: tower-train {' '.join(args)} --resume; or rerun with --skip-nonfinite"
+    )
+    listed = (directory / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "ckpt-4"' in listed and "ckpt-6" not in listed
+    kept = state(directory / "ckpt-4")
+    assert all(np.isfinite(v).all() for v in kept.values() if v.dtype.kind == "f")
+
+
+def test_skip_nonfinite_skips_and_counts(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
+                     "--epochs", "1", "--steps-per-epoch", "8", "--model",
+                     "tests.user_models:nan_on_tower_1_at_step_6", "--skip-nonfinite",
+                     "--metrics", str(metrics))
+    assert result.returncode == 0, result.stderr
+    warnings = [l for l in result.stdout.splitlines() if "update skipped" in l]
+    assert [w.split(":")[2].strip() for w in warnings] == ["step 6", "step 7", "step 8"]
+    (record,) = [json.loads(l) for l in metrics.read_text().splitlines()]
+    assert (record["steps"], record["skipped"]) == (5, 3)
+    assert np.isfinite(record["loss"])
+
+
+def test_deterministic_runs_give_identical_losses_and_weights(mnist_dir, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        metrics, directory = tmp_path / f"{name}.jsonl", tmp_path / name
+        result = run_cli("tower-train", "--devices", "cpu:2", "--data", mnist_dir,
+                         "--epochs", "6", "--steps-per-epoch", "5", "--eval-steps", "2",
+                         "--deterministic", "--metrics", str(metrics),
+                         "--checkpoint-dir", str(directory), "--keep-checkpoints", "6")
+        assert result.returncode == 0, result.stderr
+        records = [json.loads(l) for l in metrics.read_text().splitlines()]
+        runs.append(([r["loss"] for r in records], [r["eval_loss"] for r in records], directory))
+    (losses_a, eval_a, dir_a), (losses_b, eval_b, dir_b) = runs
+    assert len(losses_a) == 6 and len(set(losses_a)) == 6  # the loss moves
+    assert losses_a == losses_b and eval_a == eval_b  # exactly, not approximately
+    for step in range(5, 31, 5):
+        a, b = state(dir_a / f"ckpt-{step}"), state(dir_b / f"ckpt-{step}")
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resume"], "--resume needs --checkpoint-dir DIR"),
+        (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
+        (["--checkpoint-dir", "/tmp/x", "--keep-checkpoints", "0"],
+         "--keep-checkpoints (0) must be at least 1"),
+    ],
+)
+def test_bad_checkpoint_flags(args, message):
+    result = run_cli("tower-train", "--devices", "cpu:1", "--data-format", "synthetic", *args)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"tower-train: error: {message}"

@@ -1,0 +1,75 @@
+"""What every tower-* command shares: one-line errors and a quiet TensorFlow import."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+class UsageFailure(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def fail(prog: str, message: str, code: int = 2) -> None:
+    click.echo(f"{prog}: error: {message}", err=True)
+    sys.exit(code)
+
+
+class OneLineErrors:
+    """Mixin for click commands and groups: usage errors are one line, exit 2."""
+
+    def main(self, args=None, **kwargs):
+        try:
+            return super().main(args, standalone_mode=False, **kwargs)
+        except click.exceptions.Abort:
+            fail(self.name, "interrupted", 130)
+        except click.UsageError as err:
+            fail(self.name, err.format_message().replace("\n", " "))
+        except UsageFailure as err:
+            fail(self.name, str(err))
+
+
+class OneLineCommand(OneLineErrors, click.Command):
+    pass
+
+
+class OneLineGroup(OneLineErrors, click.Group):
+    pass
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow and the DALI plugin without their C++ start-up chatter.
+
+    TensorFlow and the plugin log CUDA probing and CPU features to fd 2 before
+    TF_CPP_MIN_LOG_LEVEL takes effect, so fd 2 is pointed at /dev/null for the
+    imports alone. A user who sets TF_CPP_MIN_LOG_LEVEL sees everything.
+    """
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import nvidia.dali.plugin.tf  # noqa: F401
+        import tensorflow  # noqa: F401
+
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import nvidia.dali.plugin.tf  # noqa: F401
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def check_output_path(flag: str, path: str | None) -> None:
+    """Refuses, before any work, an output file that could not be written."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise UsageFailure(f"{flag} {path!r} is a directory; give a file name")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UsageFailure(f"{flag} {path!r}: its directory does not exist")
