@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -172,3 +173,83 @@ def test_bad_checkpoint_flags(args, message):
     result = run_cli("tower-train", "--devices", "cpu:1", "--data-format", "synthetic", *args)
     assert result.returncode == 2
     assert result.stderr.strip() == f"tower-train: error: {message}"
+
+
+def read_scalars(logdir):
+    """{tag: [(step, value)]} from the TensorBoard event files under `logdir`."""
+    out = {}
+    for name in os.listdir(logdir):
+        if not name.startswith("events.out.tfevents"):
+            continue
+        for record in tf.data.TFRecordDataset(os.path.join(logdir, name)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                number = tf.make_ndarray(value.tensor).item()
+                out.setdefault(value.tag, []).append((event.step, number))
+    return out
+
+
+def test_logdir_gets_scalars_and_the_profiled_steps(tmp_path):
+    logdir = tmp_path / "tb"
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
+                     "--epochs", "2", "--steps-per-epoch", "6", "--logdir", str(logdir),
+                     "--profile-steps", "3:4", "--metrics", str(metrics))
+    assert result.returncode == 0, result.stderr
+    scalars = read_scalars(logdir)
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 13))
+    assert [s for s, _ in scalars["train/step_seconds"]] == list(range(1, 13))
+    assert all(0 <= a <= 1 for _, a in scalars["train/accuracy"])
+    records = [json.loads(l) for l in metrics.read_text().splitlines()]
+    assert [v for _, v in scalars["epoch/images_per_sec"]] == pytest.approx(
+        [r["images_per_sec"] for r in records])
+    assert [s for s, _ in scalars["epoch/loss"]] == [6, 12]
+    traces = list((logdir / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def write_lmdb_with_a_bad_record(path, digits, bad_index):
+    import lmdb
+
+    from engine import records
+
+    env = lmdb.open(str(path), map_size=1 << 26, subdir=True)
+    with env.begin(write=True) as txn:
+        for i in range(64):
+            image = b"\x89PNG but truncated" if i == bad_index else records.encode_png(
+                digits.train_images[i])
+            txn.put(f"{i:08d}".encode(), records.tensor_protos(image, int(digits.train_labels[i])))
+    env.close()
+
+
+def test_a_corrupt_lmdb_record_is_named_with_the_tower(tmp_path, digits):
+    write_lmdb_with_a_bad_record(tmp_path / "train", digits, bad_index=41)
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data", str(tmp_path),
+                     "--batch-size", "8", "--epochs", "1", "--steps-per-epoch", "10")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    # Without stick_to_shard both towers read every shard in turn, and DALI
+    # fills its shuffle buffer ahead, so either tower may meet record 41 first.
+    assert re.fullmatch(
+        r"tower-train: error: tower ([01]) \(/cpu:\1\): cannot decode "
+        + re.escape(f"{tmp_path}/train record 41 (key 00000041); remove or replace "
+                    "what is not a valid image"), last), last
+
+
+def test_an_unreadable_image_file_is_named(tmp_path, digits):
+    from engine import records
+
+    for name in ("a", "b"):
+        folder = tmp_path / "train" / name
+        folder.mkdir(parents=True)
+        for i in range(16):
+            (folder / f"{i:02d}.png").write_bytes(records.encode_png(digits.train_images[i]))
+    (tmp_path / "train" / "b" / "03.png").write_bytes(b"not an image")
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data", str(tmp_path),
+                     "--batch-size", "4", "--epochs", "1", "--steps-per-epoch", "8")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"tower-train: error: tower ([01]) \(/cpu:\1\): cannot decode "
+        + re.escape(f"{tmp_path}/train/b/03.png; remove or replace what is not a valid "
+                    "image"), last), last

@@ -107,6 +107,11 @@ DEFAULT_DATA = os.path.join(
 @click.option("--deterministic", is_flag=True,
               help="TensorFlow op determinism: runs with the same seed and devices "
               "give identical losses.")
+@click.option("--logdir", default=None,
+              help="Write TensorBoard scalars here (loss, accuracy, step time each "
+              "step; images/s and held-out numbers each epoch).")
+@click.option("--profile-steps", default=None,
+              help="A:B: a TensorFlow profiler trace of global steps A to B, in --logdir.")
 @click.option("--placement-log", default=None,
               help="Write where every op of the first train and eval steps really "
               "ran, and what crossed devices, to this JSON Lines file; a summary "
@@ -146,6 +151,8 @@ def tower_train(
     resume,
     skip_nonfinite,
     deterministic,
+    logdir,
+    profile_steps,
     placement_log,
     strict_placement,
     log_device_placement,
@@ -159,6 +166,7 @@ def tower_train(
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
+    profile = parse_profile_steps(profile_steps, logdir)
     if check_replicas and variable_mode != "replicated":
         raise UsageFailure(
             f"--check-replicas {check_replicas} compares replicated variables; "
@@ -254,6 +262,8 @@ def tower_train(
                 checkpoint_dir, checkpoint_every, keep_checkpoints, resume
             ),
             skip_nonfinite=skip_nonfinite,
+            logdir=logdir,
+            profile_steps=profile,
         )
     except ValueError as err:
         raise UsageFailure(str(err))
@@ -323,8 +333,49 @@ def _train(placement, options, info):
     except (StrayPlacementError, ReplicaDriftError) as err:
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
-        first = str(err.message).strip().splitlines()[0]
-        fail("tower-train", f"training failed: {first}", 1)
+        fail("tower-train", _explain_op_error(err, placement, info), 1)
+
+
+def _explain_op_error(err, placement, info) -> str:
+    """One line for a TensorFlow error during training; for a sample DALI
+    could not decode, the tower that hit it and the sample(s) at fault."""
+    from engine import data_check
+
+    message = str(err.message)
+    tower = data_check.failing_tower(message)
+    where = ""
+    if tower is not None and tower < len(placement.towers):
+        where = f"tower {tower} ({placement.towers[tower].device}): "
+    if data_check.is_decode_failure(message) and info.train_path:
+        click.echo(f"tower-train: {where}DALI could not decode an image; "
+                   f"checking {info.train_path} for the sample at fault...", err=True)
+        bad = data_check.undecodable(info.format, info.train_path)
+        if info.val_path:
+            bad += data_check.undecodable(info.format, info.val_path)
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return (f"{where}cannot decode {', '.join(bad[:3])}{more}; remove or "
+                    "replace what is not a valid image")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    detail = next(
+        (line for line in lines if "failure" in line or "rror" in line.split(":")[0]),
+        lines[0] if lines else type(err).__name__,
+    )
+    return f"training failed: {where}{detail}"
+
+
+def parse_profile_steps(text: str | None, logdir: str | None) -> tuple[int, int] | None:
+    """`A:B` -> (A, B), 1 <= A <= B; the trace needs --logdir."""
+    if text is None:
+        return None
+    first, _, last = text.partition(":")
+    if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last)):
+        raise UsageFailure(
+            f"--profile-steps {text!r} is not A:B with 1 <= A <= B, e.g. 20:25"
+        )
+    if logdir is None:
+        raise UsageFailure("--profile-steps writes its trace to --logdir; add --logdir DIR")
+    return int(first), int(last)
 
 
 def resume_command() -> str:

@@ -19,6 +19,7 @@ from engine.checkpoint import CheckpointOptions, Checkpoints
 from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
 from engine.signals import GracefulStop, StopRequested
+from engine.summaries import Summaries
 from engine.progress import EpochProgress
 from engine import reducers
 from engine import variables as variables_lib
@@ -174,6 +175,8 @@ class TrainOptions:
     placement: PlacementOptions = PlacementOptions()
     checkpoints: CheckpointOptions = CheckpointOptions()
     skip_nonfinite: bool = False
+    logdir: str | None = None
+    profile_steps: tuple[int, int] | None = None
 
 
 def describe(
@@ -308,6 +311,12 @@ def train(
             )
         saver = CheckpointWatcher(checkpoints, say)
         watchers.append(saver)
+    summaries = None
+    if options.logdir:
+        summaries = Summaries(
+            options.logdir, options.profile_steps, int(towers.step.global_step.numpy())
+        )
+        watchers.append(summaries)
     if stop is not None:
         watchers.append(SignalWatcher(stop))
 
@@ -336,6 +345,9 @@ def train(
     except NonFiniteError as err:
         err.checkpoint = saver.checkpoints.latest if saver else None
         raise
+    finally:
+        if summaries:
+            summaries.close()
     if options.placement.log_path:
         print(placement_report.summary(log.entries), file=stream)
         print(f"placement log: {options.placement.log_path}", file=stream, flush=True)

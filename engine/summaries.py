@@ -1,0 +1,64 @@
+"""TensorBoard scalars for long runs, and a profiler trace of chosen steps.
+
+Every step: `train/loss`, `train/accuracy` and `train/step_seconds` (wall
+time between steps, all towers together). Every epoch: `epoch/loss`,
+`epoch/accuracy`, `epoch/images_per_sec`, `epoch/skipped` and, with
+evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
+in the step itself (a timestamp op is stateful, and tf.function would order
+the towers' timestamps one after another, serialising the towers); the
+profiler trace of `--profile-steps A:B` shows each device's timeline
+instead, in TensorBoard's Profile tab.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+
+class Summaries:
+    """A loop watcher that writes TensorBoard event files under `logdir`."""
+
+    def __init__(self, logdir: str, profile: tuple[int, int] | None, first_step: int):
+        self.logdir = logdir
+        self.writer = tf.summary.create_file_writer(logdir)
+        self.profile = profile
+        self.profiling = False
+        self._last = time.perf_counter()
+        if profile and profile[0] <= first_step + 1 <= profile[1]:
+            self._start_profile()
+
+    def _start_profile(self) -> None:
+        tf.profiler.experimental.start(self.logdir)
+        self.profiling = True
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        now = time.perf_counter()
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("train/loss", outputs["loss"])
+            tf.summary.scalar("train/accuracy", outputs["accuracy"])
+            tf.summary.scalar("train/step_seconds", now - self._last)
+        if self.profile:
+            first, last = self.profile
+            if step + 1 == first and not self.profiling:
+                self._start_profile()
+            elif step == last and self.profiling:
+                tf.profiler.experimental.stop()
+                self.profiling = False
+        self._last = time.perf_counter()
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        with self.writer.as_default(step=step):
+            for key in ("loss", "accuracy", "images_per_sec", "skipped"):
+                tf.summary.scalar(f"epoch/{key}", record[key])
+            if record.get("eval_loss") is not None:
+                tf.summary.scalar("eval/loss", record["eval_loss"])
+                tf.summary.scalar("eval/accuracy", record["eval_accuracy"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.profiling:
+            tf.profiler.experimental.stop()
+            self.profiling = False
+        self.writer.close()
