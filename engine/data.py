@@ -251,8 +251,8 @@ def tower_pipeline(options: DataOptions, tower: Tower, *, training: bool):
 
 def tower_dataset(options: DataOptions, tower: Tower, *, training: bool):
     """A `DALIDataset` of (images [B,H,W,C] float32, labels [B,1] int32) on `tower`."""
-    import tensorflow as tf
     import nvidia.dali.plugin.tf as dali_tf
+    import tensorflow as tf
 
     pipe = tower_pipeline(options, tower, training=training)
     batch = options.batch_size

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import BIN, REPO, run_cli
 
 

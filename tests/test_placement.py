@@ -4,12 +4,11 @@ import json
 import xml.etree.ElementTree as ElementTree
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import run_cli
-from engine import placement, placement_report, placement_render
+
+from engine import placement, placement_render, placement_report
 from engine.reducers import Central
 from engine.step import TowerStep, sparse_cross_entropy
 from engine.variables import ReduceDeviceVariables
@@ -67,7 +66,7 @@ def test_transfer_matrix_matches_the_parameter_count(logs, n):
     # Each tower off /cpu:0 gets the variables and sends its gradients back;
     # the rest is a few scalars (loss, correct count): within 1%.
     assert set(train) == {(s, d) for k in range(1, n)
-                          for s, d in ((f"/cpu:0", f"/cpu:{k}"), (f"/cpu:{k}", "/cpu:0"))}
+                          for s, d in (("/cpu:0", f"/cpu:{k}"), (f"/cpu:{k}", "/cpu:0"))}
     for pair, size in train.items():
         assert params <= size <= 1.01 * params, (pair, size)
     total = sum(train.values())
@@ -244,3 +243,14 @@ def test_summary_command_refuses_a_file_that_is_not_a_log(tmp_path):
         f"tower-placement: error: '{path}' is not a placement log: no 'run' record; "
         "write one with tower-train --placement-log FILE"
     )
+
+
+def test_log_device_placement_passes_through_to_tensorflow():
+    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
+            "--steps-per-epoch", "2"]
+    plain = run_cli("tower-train", *args)
+    printed = run_cli("tower-train", *args, "--log-device-placement")
+    assert plain.returncode == printed.returncode == 0
+    placer = "(DALIDataset): /job:localhost/replica:0/task:0/device:CPU:1"
+    assert placer not in plain.stderr
+    assert placer in printed.stderr

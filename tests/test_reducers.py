@@ -7,17 +7,20 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import LOGICAL_CPUS, run_cli
 from hypothesis import given, settings
 
-from conftest import LOGICAL_CPUS, run_cli
-from engine import placement, reducers
+from engine import loop, reducers
 from engine.devices import DeviceRequest, canonical, resolve
-from engine.reducers import ReducerError, ReducerOptions
+from engine.reducers import ReducerError, ReducerOptions, measure
 from engine.reducers.hierarchical import groups_of
 from engine.reducers.packing import plan
 from engine.step import TowerStep
-from engine.variables import ReduceDeviceVariables, ReplicaDriftError, ReplicatedVariables
-from engine import loop
+from engine.variables import (
+    ReduceDeviceVariables,
+    ReplicaDriftError,
+    ReplicatedVariables,
+)
 from towers import models
 
 DEVICES = [f"/cpu:{k}" for k in range(LOGICAL_CPUS)]
@@ -138,7 +141,7 @@ def reduction_transfers(reducer, devices, destinations, size):
     Inputs are variables on the devices and each destination returns a scalar,
     so nothing but the reduction crosses devices.
     """
-    return placement.reduction_transfers(reducer, devices, destinations, [size])[1]
+    return measure.reduction_transfers(reducer, devices, destinations, [size])[1]
 
 
 @pytest.mark.parametrize("name", ["ring", "tree"])
@@ -254,6 +257,7 @@ def test_check_replicas_catches_injected_drift(digits):
 def test_the_loop_checks_replicas_every_k_steps(digits):
     _, step = train_losses(digits, "central", ReplicatedVariables, num_towers=2)
     step.variables.models[1].trainable_variables[1].assign_add(tf.fill([128], 0.5))
+    step.global_step.assign(0)  # a fresh run of the loop
     p = step.placement
     iterators = []
     for tower in p.towers:
@@ -262,11 +266,12 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
                 (tf.zeros([BATCH, 28, 28, 1]), tf.zeros([BATCH, 1], tf.int32))).repeat()
             iterators.append(iter(data))
     options = loop.LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, check_replicas=3)
-    from engine.progress import EpochProgress
     import io
+
+    from engine.progress import EpochProgress
     with pytest.raises(ReplicaDriftError, match=r"^--check-replicas: after step 3, tower 1's copy"):
         loop.run(step, iterators, None, options, EpochProgress(io.StringIO()))
-    assert int(step.steps.numpy()) == 3
+    assert int(step.global_step.numpy()) == 3
 
 
 def test_user_reducer_trains_from_the_command_line(tmp_path):

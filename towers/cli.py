@@ -160,7 +160,8 @@ def tower_train(
     prefetch,
 ):
     """Train a model with one explicit tower per device."""
-    from engine import data, devices as devs
+    from engine import data
+    from engine import devices as devs
 
     try:
         request = devs.parse_request(devices, reduce_device)
@@ -302,8 +303,8 @@ def _train(placement, options, info):
     from engine.data import GpuUnavailableError
     from engine.guard import NonFiniteError
     from engine.placement import StrayPlacementError
-    from engine.signals import GracefulStop, StopRequested
     from engine.reducers import ReducerError
+    from engine.signals import GracefulStop, StopRequested
     from engine.variables import ReplicaDriftError
     from towers import train
     from towers.models import ModelError

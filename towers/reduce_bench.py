@@ -34,12 +34,13 @@ def parse_size(text: str) -> int:
 
 def measure(reducer_name, placement, size, options, variables, repeats, warmup):
     """One row of the table: `reducer_name` on one float32 tensor of `size` per tower."""
-    from engine import placement as capture, placement_report, reducers
+    from engine import placement_report, reducers
+    from engine.reducers.measure import reduction_transfers
 
     reducer = reducers.build(options, placement)
     devices = placement.devices
     destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
-    function, sent = capture.reduction_transfers(reducer, devices, destinations, [size])
+    function, sent = reduction_transfers(reducer, devices, destinations, [size])
     for _ in range(warmup):
         function()
     times = []

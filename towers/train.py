@@ -13,17 +13,16 @@ from typing import TextIO
 import keras
 import tensorflow as tf
 
-from engine import data, loop, placement_report
-from engine.devices import Placement
+from engine import data, loop, placement_report, reducers
+from engine import variables as variables_lib
 from engine.checkpoint import CheckpointOptions, Checkpoints
+from engine.devices import Placement
 from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
-from engine.signals import GracefulStop, StopRequested
-from engine.summaries import Summaries
 from engine.progress import EpochProgress
-from engine import reducers
-from engine import variables as variables_lib
+from engine.signals import GracefulStop, StopRequested
 from engine.step import TowerStep
+from engine.summaries import Summaries
 from towers import models
 
 OPTIMIZERS = {
@@ -185,7 +184,7 @@ def describe(
     """The layout, printed before training: who runs where and reads what."""
     n = len(placement.towers)
     batch = options.data.batch_size
-    params = sum(int(v.numpy().size) for v in model.trainable_variables)
+    params, _ = count_parameters(model)
     lines = [
         f"tower-train: {n} tower{'s' * (n > 1)}, batch {batch} per "
         f"tower ({batch * n} per step), model {model.name} ({params:,} parameters)"
@@ -258,13 +257,19 @@ class SignalWatcher:
         self.stop.check(step)
 
 
+def count_parameters(model: keras.Model) -> tuple[int, int]:
+    """(number, bytes) of the model's trainable parameters."""
+    values = [v.numpy() for v in model.trainable_variables]
+    return sum(int(v.size) for v in values), sum(int(v.nbytes) for v in values)
+
+
 def run_info(placement: Placement, options: TrainOptions, model: keras.Model) -> RunInfo:
-    variables = model.trainable_variables
+    parameters, parameter_bytes = count_parameters(model)
     return RunInfo(
         towers=placement.devices,
         reduce_device=placement.reduce_device,
-        parameters=sum(int(v.numpy().size) for v in variables),
-        parameter_bytes=sum(int(v.numpy().nbytes) for v in variables),
+        parameters=parameters,
+        parameter_bytes=parameter_bytes,
         batch_size=options.data.batch_size,
         model=model.name,
         reducer=options.reducer.name,

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 
 from engine.devices import Placement
-from engine.userfn import load_function
 from engine.reducers.base import COMPRESSION, FlatReducer, Link, Reducer, ReducerError
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
@@ -20,6 +19,7 @@ from engine.reducers.nccl import Nccl
 from engine.reducers.packing import Packed
 from engine.reducers.ring import ring_all_reduce
 from engine.reducers.tree import halving_doubling
+from engine.userfn import load_function
 
 BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
 # Built-ins that move tensors themselves, hop by hop, through a Link.
