@@ -187,21 +187,7 @@ def tower_train(
     # default MNIST is prepared only once the devices are known to be good.
     given = data_path is not None or data_format == "synthetic"
     info = _inspect(data_path, data_format) if given else None
-    if log_device_placement:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
-    import_tensorflow()
-    if deterministic:
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
-    if reducer == "collective":
-        from engine.reducers.collective import reserve_inter_op_threads
-
-        reserve_inter_op_threads(devs.expected_tower_count(request))
-    if log_device_placement:
-        import tensorflow as tf
-
-        tf.debugging.set_log_device_placement(True)
+    _start_tensorflow(request, reducer, deterministic, log_device_placement)
     try:
         placement = devs.configure(request)
     except devs.DeviceError as err:
@@ -209,18 +195,7 @@ def tower_train(
     if info is None:
         info = _default_dataset(data_format)
     towers = len(placement.towers)
-    if info.val_size is not None and info.val_size < towers:
-        raise UsageFailure(
-            f"--data: {info.val_path} has {info.val_size} held-out samples, fewer than "
-            f"the {towers} towers that each need a shard of it; add samples or remove "
-            "val/"
-        )
-    if info.train_size is not None and info.train_size // towers < batch_size:
-        raise UsageFailure(
-            f"--batch-size {batch_size}: {info.train_path} has {info.train_size} "
-            f"samples, {info.train_size // towers} per shard for {towers} towers, "
-            "fewer than one batch; lower --batch-size or use fewer towers"
-        )
+    _check_data_fits(info, towers, batch_size)
     num_steps = steps_per_epoch
     if num_steps is None:
         num_steps = 100 if info.train_size is None else info.train_size // (
@@ -269,6 +244,41 @@ def tower_train(
     except ValueError as err:
         raise UsageFailure(str(err))
     _train(placement, options, info)
+
+
+def _start_tensorflow(request, reducer, deterministic, log_device_placement) -> None:
+    """Imports TensorFlow and sets what must be set before it starts."""
+    from engine import devices as devs
+
+    if log_device_placement:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
+    import_tensorflow()
+    import tensorflow as tf
+
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    if reducer == "collective":
+        from engine.reducers.collective import reserve_inter_op_threads
+
+        reserve_inter_op_threads(devs.expected_tower_count(request))
+    if log_device_placement:
+        tf.debugging.set_log_device_placement(True)
+
+
+def _check_data_fits(info, towers: int, batch_size: int) -> None:
+    """Every tower needs a held-out shard, and a training shard of a batch or more."""
+    if info.val_size is not None and info.val_size < towers:
+        raise UsageFailure(
+            f"--data: {info.val_path} has {info.val_size} held-out samples, fewer than "
+            f"the {towers} towers that each need a shard of it; add samples or remove "
+            "val/"
+        )
+    if info.train_size is not None and info.train_size // towers < batch_size:
+        raise UsageFailure(
+            f"--batch-size {batch_size}: {info.train_path} has {info.train_size} "
+            f"samples, {info.train_size // towers} per shard for {towers} towers, "
+            "fewer than one batch; lower --batch-size or use fewer towers"
+        )
 
 
 def _inspect(data_path, data_format):
