@@ -221,18 +221,23 @@ def write_lmdb_with_a_bad_record(path, digits, bad_index):
     env.close()
 
 
-def test_a_corrupt_lmdb_record_is_named_with_the_tower(tmp_path, digits):
-    write_lmdb_with_a_bad_record(tmp_path / "train", digits, bad_index=41)
-    result = run_cli("tower-train", "--devices", "cpu:2", "--data", str(tmp_path),
-                     "--batch-size", "8", "--epochs", "1", "--steps-per-epoch", "10")
+def assert_names_the_bad_sample(data_dir, batch_size, sample):
+    """Trains on two towers and checks the one-line error names `sample`."""
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data", str(data_dir),
+                     "--batch-size", str(batch_size), "--epochs", "1",
+                     "--steps-per-epoch", "10")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     # Without stick_to_shard both towers read every shard in turn, and DALI
-    # fills its shuffle buffer ahead, so either tower may meet record 41 first.
+    # fills its shuffle buffer ahead, so either tower may meet the sample first.
     assert re.fullmatch(
         r"tower-train: error: tower ([01]) \(/cpu:\1\): cannot decode "
-        + re.escape(f"{tmp_path}/train record 41 (key 00000041); remove or replace "
-                    "what is not a valid image"), last), last
+        + re.escape(f"{sample}; remove or replace what is not a valid image"), last), last
+
+
+def test_a_corrupt_lmdb_record_is_named_with_the_tower(tmp_path, digits):
+    write_lmdb_with_a_bad_record(tmp_path / "train", digits, bad_index=41)
+    assert_names_the_bad_sample(tmp_path, 8, f"{tmp_path}/train record 41 (key 00000041)")
 
 
 def test_an_unreadable_image_file_is_named(tmp_path, digits):
@@ -244,11 +249,4 @@ def test_an_unreadable_image_file_is_named(tmp_path, digits):
         for i in range(16):
             (folder / f"{i:02d}.png").write_bytes(records.encode_png(digits.train_images[i]))
     (tmp_path / "train" / "b" / "03.png").write_bytes(b"not an image")
-    result = run_cli("tower-train", "--devices", "cpu:2", "--data", str(tmp_path),
-                     "--batch-size", "4", "--epochs", "1", "--steps-per-epoch", "8")
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(
-        r"tower-train: error: tower ([01]) \(/cpu:\1\): cannot decode "
-        + re.escape(f"{tmp_path}/train/b/03.png; remove or replace what is not a valid "
-                    "image"), last), last
+    assert_names_the_bad_sample(tmp_path, 4, f"{tmp_path}/train/b/03.png")
