@@ -78,9 +78,15 @@ class Checkpoints:
           CheckpointError: checkpoints exist but none of them restores.
         """
         listed = list(reversed(self.manager.checkpoints))
+        if not listed:
+            listed = self._unlisted()
         for path in listed:
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                status = self.checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+                # Saved values this run has no object for (another tower count,
+                # say) are judged by the caller, not warned about at exit.
+                status.expect_partial()
             except Exception as err:  # a damaged file fails in many ways (IndexError, DataLossError, ...)
                 reason = str(err).strip().splitlines()[0][:160]
                 self.warn(f"checkpoint {path} cannot be restored ({reason}); trying an older one")
@@ -92,6 +98,25 @@ class Checkpoints:
                 f"{self.options.directory} can be restored; see the warnings above"
             )
         return None
+
+    def _unlisted(self) -> list[str]:
+        """Checkpoints on disk that the state file does not list (it is missing
+        or damaged), newest first."""
+        import glob
+        import os
+        import re
+
+        found = []
+        for index in glob.glob(os.path.join(self.options.directory, "ckpt-*.index")):
+            match = re.fullmatch(r"ckpt-(\d+)\.index", os.path.basename(index))
+            if match:
+                found.append((int(match.group(1)), index[: -len(".index")]))
+        if found:
+            self.warn(
+                f"{self.options.directory}/checkpoint, the list of checkpoints, is "
+                f"missing or damaged; trying the {len(found)} checkpoint(s) on disk"
+            )
+        return [path for _, path in sorted(found, reverse=True)]
 
     def should_save(self, step: int) -> bool:
         return bool(self.options.every) and step % self.options.every == 0

@@ -63,9 +63,10 @@ def tower_gradients(model: keras.Model, images, labels) -> TowerResult:
     # No per-tower timestamps here: tf.timestamp is stateful, and tf.function
     # orders stateful ops in program order, which would run the towers one
     # after another.
-    return TowerResult(
-        loss, tf.reduce_sum(count_correct(labels, probs)), grads, all_finite([loss, *grads])
-    )
+    # A None gradient (a variable the loss does not use) is the reducer's to
+    # report, with a message that says so.
+    finite = all_finite([loss, *(g for g in grads if g is not None)])
+    return TowerResult(loss, tf.reduce_sum(count_correct(labels, probs)), grads, finite)
 
 
 class TowerStep:

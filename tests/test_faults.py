@@ -118,12 +118,14 @@ def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpo
     assert result.stderr.strip() == (
         "tower-train: error: step 6: the loss or a gradient of tower 1 (/cpu:1) is not "
         f"finite; the update was not applied; the last good checkpoint is {directory}/ckpt-4; "
-        f"resume with: tower-train {' '.join(args)} --resume; or rerun with --skip-nonfinite"
+        f"go on from it, skipping such steps, with: tower-train {' '.join(args)} --resume "
+        "--skip-nonfinite"
     )
     listed = (directory / "checkpoint").read_text()
     assert 'model_checkpoint_path: "ckpt-4"' in listed and "ckpt-6" not in listed
     kept = state(directory / "ckpt-4")
-    assert all(np.isfinite(v).all() for v in kept.values() if v.dtype.kind == "f")
+    assert all(np.isfinite(v).all() for v in kept.values()
+               if isinstance(v, np.ndarray) and v.dtype.kind == "f")
 
 
 def test_skip_nonfinite_skips_and_counts(tmp_path):
@@ -250,3 +252,46 @@ def test_an_unreadable_image_file_is_named(tmp_path, digits):
             (folder / f"{i:02d}.png").write_bytes(records.encode_png(digits.train_images[i]))
     (tmp_path / "train" / "b" / "03.png").write_bytes(b"not an image")
     assert_names_the_bad_sample(tmp_path, 4, f"{tmp_path}/train/b/03.png")
+
+
+def test_resuming_with_other_towers_is_refused(tmp_path):
+    directory = tmp_path / "ck"
+    args = ["--data-format", "synthetic", "--epochs", "1", "--steps-per-epoch", "3",
+            "--checkpoint-dir", str(directory)]
+    assert run_cli("tower-train", "--devices", "cpu:2", *args).returncode == 0
+    result = run_cli("tower-train", "--devices", "cpu:1", *args, "--resume")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"tower-train: error: --resume: {directory}/ckpt-3 was written by a run with towers "
+        "/cpu:0,/cpu:1, batch 64, data synthetic:None, model mlp, variables reduce-device; "
+        "this run has towers /cpu:0, batch 64, data synthetic:None, model mlp, variables "
+        "reduce-device; resume with the same --devices, --batch-size, --data and --model"
+    )
+
+
+def test_a_damaged_checkpoint_list_still_finds_the_checkpoints(tmp_path):
+    directory = tmp_path / "ck"
+    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--steps-per-epoch", "4",
+            "--checkpoint-dir", str(directory)]
+    assert run_cli("tower-train", *args, "--epochs", "1").returncode == 0
+    (directory / "checkpoint").write_text("garbage\x00")
+    result = run_cli("tower-train", *args, "--epochs", "2", "--resume")
+    assert result.returncode == 0, result.stderr
+    assert (f"warning: {directory}/checkpoint, the list of checkpoints, is missing or "
+            "damaged; trying the 1 checkpoint(s) on disk") in result.stdout
+    assert f"resumed from {directory}/ckpt-4 at step 4" in result.stdout
+
+
+def test_a_signal_in_the_last_step_of_an_epoch_keeps_its_evaluation(tmp_path):
+    """The signal is honoured after the epoch's evaluation, metrics and checkpoint."""
+    from engine.signals import GracefulStop
+    from towers.train import SignalWatcher
+    from engine.loop import LoopOptions
+
+    stop = GracefulStop()
+    stop.requested = signal.SIGINT
+    watcher = SignalWatcher(stop, LoopOptions(epochs=2, steps_per_epoch=5, eval_steps=1))
+    watcher.after_step(5, {})  # the epoch's last step: not yet
+    with pytest.raises(Exception, match="SIGINT after step 5"):
+        watcher.after_epoch(1, 5, {})
+    watcher.after_epoch(2, 10, {})  # the run is done: let it finish

@@ -16,6 +16,7 @@ import click
 from towers.cli_common import (
     OneLineCommand,
     UsageFailure,
+    check_output_dir,
     check_output_path,
     fail,
     import_tensorflow,
@@ -182,6 +183,8 @@ def tower_train(
             raise UsageFailure(f"{flag} ({value}) must be at least {least}")
     for flag, path in (("--metrics", metrics_path), ("--placement-log", placement_log)):
         check_output_path(flag, path)
+    for flag, path in (("--checkpoint-dir", checkpoint_dir), ("--logdir", logdir)):
+        check_output_dir(flag, path)
 
     # A --data the user gave is checked now, before TensorFlow loads; the
     # default MNIST is prepared only once the devices are known to be good.
@@ -331,16 +334,22 @@ def _train(placement, options, info):
         click.echo(f"tower-train: stopped by {stopped}; {where}", err=True)
         sys.exit(stopped.exit_code)
     except NonFiniteError as err:
-        last = (f"the last good checkpoint is {err.checkpoint}; resume with: "
-                f"{resume_command()}" if err.checkpoint else "no checkpoint was saved")
-        fail("tower-train", f"{err}; {last}; or rerun with --skip-nonfinite", 1)
+        # Resuming replays the same data into the same state, so the way on
+        # from the last good checkpoint skips the bad steps.
+        last = (f"the last good checkpoint is {err.checkpoint}; go on from it, skipping "
+                f"such steps, with: {resume_command('--skip-nonfinite')}"
+                if err.checkpoint else "rerun with --skip-nonfinite to skip such steps")
+        fail("tower-train", f"{err}; {last}", 1)
     except CheckpointError as err:
         fail("tower-train", str(err), 1)
     except (ModelError, GpuUnavailableError, ReducerError) as err:
         raise UsageFailure(str(err))
     except ValueError as err:  # Keras refusing the model while the step is traced
-        first = str(err).strip().splitlines()[0]
-        raise UsageFailure(f"--model {options.model.model!r} cannot train here: {first}")
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(err).__name__  # the cause comes last
+        raise UsageFailure(f"--model {options.model.model!r} cannot train here: {reason}")
+    except OSError as err:
+        fail("tower-train", f"cannot write {err.filename!r}: {err.strerror}", 1)
     except (StrayPlacementError, ReplicaDriftError) as err:
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
@@ -389,12 +398,12 @@ def parse_profile_steps(text: str | None, logdir: str | None) -> tuple[int, int]
     return int(first), int(last)
 
 
-def resume_command() -> str:
-    """The command line that was run, with --resume."""
+def resume_command(*extra: str) -> str:
+    """The command line that was run, with --resume (and `extra` flags)."""
     import shlex
 
-    args = [a for a in sys.argv[1:] if a != "--resume"]
-    return shlex.join(["tower-train", *args, "--resume"])
+    args = [a for a in sys.argv[1:] if a not in ("--resume", *extra)]
+    return shlex.join(["tower-train", *args, "--resume", *extra])
 
 
 def main():

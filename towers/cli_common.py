@@ -73,3 +73,16 @@ def check_output_path(flag: str, path: str | None) -> None:
         raise UsageFailure(f"{flag} {path!r} is a directory; give a file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise UsageFailure(f"{flag} {path!r}: its directory does not exist")
+    existed = os.path.exists(path)
+    try:
+        open(path, "a").close()  # appending writes nothing: what is there stays
+    except OSError as err:
+        raise UsageFailure(f"{flag} {path!r} cannot be written: {err.strerror}")
+    if not existed:
+        os.remove(path)
+
+
+def check_output_dir(flag: str, path: str | None) -> None:
+    """Refuses, before any work, an output directory that is a file."""
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise UsageFailure(f"{flag} {path!r} is a file; give a directory")

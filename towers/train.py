@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from engine import data, loop, placement_report, reducers
 from engine import variables as variables_lib
-from engine.checkpoint import CheckpointOptions, Checkpoints
+from engine.checkpoint import CheckpointError, CheckpointOptions, Checkpoints
 from engine.devices import Placement
 from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
@@ -225,10 +225,15 @@ def describe(
 
 
 class CheckpointWatcher:
-    """Saves every `--checkpoint-every` steps and at the end of every epoch."""
+    """Saves every `--checkpoint-every` steps and at the end of every epoch.
 
-    def __init__(self, checkpoints: Checkpoints, say):
+    A step that ends an epoch is saved after the epoch's evaluation, so the
+    checkpoint holds the held-out position after it, not before.
+    """
+
+    def __init__(self, checkpoints: Checkpoints, steps_per_epoch: int, say):
         self.checkpoints = checkpoints
+        self.steps_per_epoch = steps_per_epoch
         self.say = say
         self.saved_at = -1
 
@@ -239,7 +244,7 @@ class CheckpointWatcher:
         return self.checkpoints.latest
 
     def after_step(self, step: int, outputs: dict) -> None:
-        if self.checkpoints.should_save(step):
+        if self.checkpoints.should_save(step) and step % self.steps_per_epoch:
             self.save(step)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
@@ -247,14 +252,31 @@ class CheckpointWatcher:
 
 
 class SignalWatcher:
-    def __init__(self, stop: GracefulStop):
+    """Stops the run at the first safe point after a signal: after a step
+    inside an epoch, or after an epoch's evaluation, metrics and checkpoint.
+    A signal during the last epoch's end lets the finished run finish."""
+
+    def __init__(self, stop: GracefulStop, options: loop.LoopOptions):
         self.stop = stop
+        self.options = options
 
     def after_step(self, step: int, outputs: dict) -> None:
-        self.stop.check(step)
+        if step % self.options.steps_per_epoch:
+            self.stop.check(step)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
-        self.stop.check(step)
+        if epoch < self.options.epochs:
+            self.stop.check(step)
+
+
+def run_signature(placement: Placement, options: TrainOptions) -> str:
+    """What a checkpoint's data position and variables only fit: the towers,
+    the batch, the data and the model."""
+    return (
+        f"towers {','.join(placement.devices)}, batch {options.data.batch_size}, "
+        f"data {options.data.format}:{options.data.train_path}, model {options.model.model}, "
+        f"variables {options.model.variables}"
+    )
 
 
 def count_parameters(model: keras.Model) -> tuple[int, int]:
@@ -302,19 +324,28 @@ def train(
     watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite, say=say)]
     saver = None
     if options.checkpoints.directory:
-        state = {**towers.step.trackables(), "train_data": towers.train_iterators}
+        signature = run_signature(placement, options)
+        run = tf.Variable(signature, trainable=False)
+        state = {**towers.step.trackables(), "train_data": towers.train_iterators, "run": run}
         if towers.held_out is not None:
             state["held_out"] = [*towers.held_out.iterators, towers.held_out.position]
         checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
         if options.checkpoints.resume:
             path = checkpoints.restore()
+            saved = run.numpy().decode()
+            if path and saved != signature:
+                raise CheckpointError(
+                    f"--resume: {path} was written by a run with {saved}; this run has "
+                    f"{signature}; resume with the same --devices, --batch-size, --data "
+                    "and --model"
+                )
             say(
                 f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
                 if path
                 else f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
                 "starting from the beginning"
             )
-        saver = CheckpointWatcher(checkpoints, say)
+        saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say)
         watchers.append(saver)
     summaries = None
     if options.logdir:
@@ -323,7 +354,7 @@ def train(
         )
         watchers.append(summaries)
     if stop is not None:
-        watchers.append(SignalWatcher(stop))
+        watchers.append(SignalWatcher(stop, options.loop))
 
     log = None
     call = loop.plain_call
