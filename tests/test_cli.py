@@ -126,3 +126,16 @@ def test_user_model_function_is_loaded(tmp_path):
     assert "model tiny (7,850 parameters)" in result.stdout
     (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert record["steps"] == 5 and record["eval_loss"] is None
+
+
+def test_held_out_set_smaller_than_the_tower_count_is_refused(tmp_path, digits):
+    from engine import records
+
+    records.write_lmdb(str(tmp_path / "train"), digits.train_images[:64], digits.train_labels[:64])
+    records.write_lmdb(str(tmp_path / "val"), digits.test_images[:3], digits.test_labels[:3])
+    result = run_cli("tower-train", "--devices", "cpu:4", "--data", str(tmp_path),
+                     "--batch-size", "8")
+    assert one_line_error(result) == (
+        f"--data: {tmp_path}/val has 3 held-out samples, fewer than the 4 towers that "
+        "each need a shard of it; add samples or remove val/"
+    )
