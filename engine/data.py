@@ -129,7 +129,7 @@ def inspect(path: str | None, data_format: str = "auto") -> DatasetInfo:
 def _detect(train: str) -> str:
     if os.path.isfile(os.path.join(train, "data.mdb")):
         return "caffe2"
-    if any(os.path.isdir(os.path.join(train, d)) for d in os.listdir(train)):
+    if class_folders(train):
         return "folder"
     raise DataError(
         f"--data: {train!r} is neither an LMDB database (data.mdb) nor a folder "
@@ -158,10 +158,13 @@ def _lmdb_info(root: str, train: str, val: str | None) -> DatasetInfo:
     )
 
 
+def class_folders(root: str) -> list[str]:
+    """The class sub-folders of an image-folder split, in the order DALI numbers them."""
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+
+
 def _folder_info(train: str, val: str | None) -> DatasetInfo:
-    classes = sorted(
-        d for d in os.listdir(train) if os.path.isdir(os.path.join(train, d))
-    )
+    classes = class_folders(train)
     if not classes:
         raise DataError(f"--data: {train!r} has no class sub-folders")
 
@@ -174,9 +177,7 @@ def _folder_info(train: str, val: str | None) -> DatasetInfo:
         )
 
     if val:
-        val_classes = sorted(
-            d for d in os.listdir(val) if os.path.isdir(os.path.join(val, d))
-        )
+        val_classes = class_folders(val)
         if val_classes != classes:
             raise DataError(
                 f"--data: {val!r} has class folders {val_classes}, train/ has "

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from engine.data import IMAGE_EXTENSIONS
+from engine.data import IMAGE_EXTENSIONS, class_folders
 
 _INPUT_NODE = re.compile(r"input_(\d+)/IteratorGetNext")
 
@@ -28,8 +28,7 @@ def is_decode_failure(message: str) -> bool:
 
 
 def _folder_samples(root: str) -> Iterator[tuple[str, bytes]]:
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    for name in classes:
+    for name in class_folders(root):
         folder = os.path.join(root, name)
         for file in sorted(os.listdir(folder)):
             if file.lower().endswith(IMAGE_EXTENSIONS):

@@ -67,10 +67,6 @@ class HeldOut:
         self.num_towers = num_towers
         self.position = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    @property
-    def full_pass(self) -> int:
-        return data.eval_batches(self.size, self.batch_size, self.num_towers)
-
     def evaluate(
         self, step: TowerStep, num_steps: int, call: Callable = plain_call
     ) -> dict[str, float]:

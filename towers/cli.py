@@ -369,9 +369,12 @@ def _explain_op_error(err, placement, info) -> str:
     if data_check.is_decode_failure(message) and info.train_path:
         click.echo(f"tower-train: {where}DALI could not decode an image; "
                    f"checking {info.train_path} for the sample at fault...", err=True)
-        bad = data_check.undecodable(info.format, info.train_path)
+        def progress(count: int) -> None:
+            click.echo(f"  {count} samples checked", err=True)
+
+        bad = data_check.undecodable(info.format, info.train_path, progress)
         if info.val_path:
-            bad += data_check.undecodable(info.format, info.val_path)
+            bad += data_check.undecodable(info.format, info.val_path, progress)
         if bad:
             more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
             return (f"{where}cannot decode {', '.join(bad[:3])}{more}; remove or "
