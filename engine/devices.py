@@ -10,13 +10,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 
-# Local device names, in any spelling TensorFlow accepts:
-# /gpu:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:GPU:1.
+# Device names in any spelling TensorFlow accepts: /gpu:1, /device:GPU:1,
+# /job:localhost/replica:0/task:0/device:GPU:1, /job:worker/task:1/device:CPU:0.
 _NAME = re.compile(
-    r"^(?:/job:localhost(?:/replica:0)?(?:/task:0)?)?/(?:device:)?(cpu|gpu):(\d+)$",
+    r"^(?:/job:(?P<job>[A-Za-z_][\w-]*)(?:/replica:0)?(?:/task:(?P<task>\d+))?)?"
+    r"/(?:device:)?(?P<kind>cpu|gpu):(?P<ordinal>\d+)$",
     re.IGNORECASE,
 )
+# The short form of a worker's device: w1/gpu:0 is /job:worker/task:1/device:GPU:0.
+_SHORT = re.compile(r"^w(?P<task>\d+)/(?P<kind>cpu|gpu):(?P<ordinal>\d+)$", re.IGNORECASE)
+# Jobs whose task 0 is this process: `localhost` when it only connects to a
+# cluster, `chief` when the cluster names it (TensorFlow's convention).
+LOCAL_JOBS = ("localhost", "chief")
 _CPU_SPLIT = re.compile(r"^cpu:(-?\d+)$", re.IGNORECASE)
 
 
@@ -29,8 +36,8 @@ class DeviceRequest:
     """What the user asked for with `--devices` and `--reduce-device`.
 
     Attributes:
-      towers: canonical device names (`/gpu:0`, `/cpu:1`), one per tower, or
-        None for `all`.
+      towers: canonical device names (`/gpu:0`, `/cpu:1`,
+        `/job:worker/task:1/gpu:0`), one per tower, or None for `all`.
       logical_cpus: split the host CPU into this many logical devices before
         TensorFlow initialises (`cpu:N`), or None to leave it whole.
       reduce_device: canonical name of the device that holds the variables and
@@ -76,17 +83,36 @@ class Placement:
 
 
 def canonical(name: str) -> str | None:
-    """Returns `/cpu:K` or `/gpu:K` for a local device name, None if not one."""
-    match = _NAME.match(name.strip())
+    """The canonical name of a device, None if `name` is not a device name.
+
+    Local devices (this process's) are `/cpu:K` and `/gpu:K`; a device of
+    another task is `/job:J/task:T/cpu:K` (accepted by `tf.device` as is).
+    """
+    text = name.strip()
+    match = _SHORT.match(text)
+    job = "worker" if match else None
     if not match:
-        return None
-    return f"/{match.group(1).lower()}:{int(match.group(2))}"
+        match = _NAME.match(text)
+        if not match:
+            return None
+        job = match.group("job")
+    device = f"{match.group('kind').lower()}:{int(match.group('ordinal'))}"
+    task = int(match.group("task") or 0)
+    if job is None or (job in LOCAL_JOBS and task == 0):
+        return f"/{device}"
+    return f"/job:{job}/task:{task}/{device}"
 
 
 def split_name(name: str) -> tuple[str, int]:
     """(`cpu` or `gpu`, ordinal) of a canonical device name."""
-    kind, ordinal = name.lstrip("/").split(":")
+    kind, ordinal = name.rsplit("/", 1)[1].split(":")
     return kind, int(ordinal)
+
+
+def task_of(name: str) -> str | None:
+    """`/job:J/task:T` of a canonical device name of another task, None if local."""
+    head, _, _ = name.rpartition("/")
+    return head or None
 
 
 def parse_request(devices: str, reduce_device: str | None = None) -> DeviceRequest:
@@ -102,7 +128,7 @@ def parse_request(devices: str, reduce_device: str | None = None) -> DeviceReque
         if reduce_name is None:
             raise DeviceError(
                 f"--reduce-device {reduce_device!r} is not a device name; "
-                "use a name like /cpu:0 or /gpu:1"
+                "use a name like /cpu:0, /gpu:1 or w1/gpu:0"
             )
     if not spec:
         raise DeviceError(
@@ -130,7 +156,8 @@ def parse_request(devices: str, reduce_device: str | None = None) -> DeviceReque
         if name is None:
             raise DeviceError(
                 f"--devices {spec!r}: {item!r} is not a GPU index or a device "
-                "name; use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0"
+                "name; use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0 "
+                "or w1/gpu:0 (task 1 of the cluster's workers)"
             )
         if name in towers:
             raise DeviceError(
@@ -152,10 +179,15 @@ def resolve(request: DeviceRequest, visible: list[str]) -> Placement:
       DeviceError: naming the missing device and listing those that exist.
     """
     here = ", ".join(visible)
-    gpus = [d for d in visible if d.startswith("/gpu:")]
+    gpus = [d for d in visible if split_name(d)[0] == "gpu"]
     names = request.towers
     if names is None:
-        names = tuple(gpus) or tuple(d for d in visible if d.startswith("/cpu:"))
+        # With a cluster, `all` means the workers' devices: their GPUs, else
+        # their CPUs; without one, this machine's.
+        pool = [d for d in visible if task_of(d)] or visible
+        names = tuple(d for d in pool if d in gpus) or tuple(
+            d for d in pool if split_name(d)[0] == "cpu"
+        )
     for name in names:
         if name not in visible:
             hint = "" if gpus else " (no GPU here: use --devices cpu:N for N CPU towers)"
@@ -186,11 +218,17 @@ def expected_tower_count(request: DeviceRequest) -> int:
     return len(tf.config.list_physical_devices("GPU")) or default_cpu_towers()
 
 
-def configure(request: DeviceRequest) -> Placement:
-    """Splits the host CPU if asked, then resolves the request against TensorFlow.
+def configure(request: DeviceRequest, connect: Callable[[], None] | None = None) -> Placement:
+    """Splits the host CPU if asked, connects to a cluster if given, then
+    resolves the request against the devices TensorFlow sees.
 
     Must run before anything initialises TensorFlow's devices when the request
     splits the CPU.
+
+    Args:
+      request: the parsed request.
+      connect: connects this process to a cluster (engine.cluster), making
+        the workers' devices visible; `all` then means theirs.
     """
     import tensorflow as tf
 
@@ -200,10 +238,12 @@ def configure(request: DeviceRequest) -> Placement:
         # DALI allocates GPU memory of its own beside TensorFlow's: let
         # TensorFlow grow into the memory it needs instead of taking it all.
         tf.config.experimental.set_memory_growth(gpu, True)
-    if request.towers is None and not gpus:
+    if request.towers is None and not gpus and connect is None:
         logical_cpus = default_cpu_towers()
     if logical_cpus is not None:
         split_host_cpu(logical_cpus)
+    if connect is not None:
+        connect()
     visible = [canonical(d.name) for d in tf.config.list_logical_devices()]
     return resolve(request, [d for d in visible if d is not None])
 

@@ -2,7 +2,14 @@
 
 import pytest
 
-from engine.devices import DeviceError, DeviceRequest, canonical, parse_request, resolve
+from engine.devices import (
+    DeviceError,
+    DeviceRequest,
+    canonical,
+    parse_request,
+    resolve,
+    task_of,
+)
 
 CPU2 = ["/cpu:0", "/cpu:1"]
 GPU4 = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"]
@@ -18,7 +25,14 @@ GPU4 = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"]
         ("/cpu:0", "/cpu:0"),
         ("gpu:1", None),
         ("/tpu:0", None),
-        ("/job:worker/task:1/device:GPU:0", None),
+        ("/job:worker/task:1/device:GPU:0", "/job:worker/task:1/gpu:0"),
+        ("/job:worker/replica:0/task:1/device:CPU:2", "/job:worker/task:1/cpu:2"),
+        ("w1/gpu:0", "/job:worker/task:1/gpu:0"),
+        ("W0/CPU:1", "/job:worker/task:0/cpu:1"),
+        ("/job:chief/replica:0/task:0/device:CPU:0", "/cpu:0"),
+        ("/job:chief/task:1/device:CPU:0", "/job:chief/task:1/cpu:0"),
+        ("w1:gpu:0", None),
+        ("/job:bad job/cpu:0", None),
     ],
 )
 def test_canonical_names(name, expected):
@@ -104,3 +118,22 @@ def test_missing_reduce_device_lists_devices_that_exist():
     assert str(err.value) == (
         "--reduce-device /cpu:2 does not exist; devices here: /cpu:0, /cpu:1"
     )
+
+
+def test_all_with_a_cluster_means_the_workers_devices():
+    visible = ["/cpu:0", "/job:worker/task:0/cpu:0", "/job:worker/task:1/cpu:0",
+               "/job:worker/task:1/cpu:1"]
+    placement = resolve(parse_request("all"), visible)
+    assert placement.devices == tuple(visible[1:])
+    assert placement.reduce_device == "/cpu:0"
+    with_gpus = [*visible, "/job:worker/task:1/gpu:0"]
+    assert resolve(parse_request("all"), with_gpus).devices == ("/job:worker/task:1/gpu:0",)
+
+
+def test_remote_towers_keep_their_gpu_ordinal_and_task():
+    placement = resolve(parse_request("w1/gpu:1,w0/cpu:0", "w0/cpu:0"),
+                        ["/cpu:0", "/job:worker/task:0/cpu:0", "/job:worker/task:1/gpu:1"])
+    assert [t.gpu_index for t in placement.towers] == [1, None]
+    assert [task_of(t.device) for t in placement.towers] == ["/job:worker/task:1",
+                                                             "/job:worker/task:0"]
+    assert placement.reduce_device == "/job:worker/task:0/cpu:0"
