@@ -20,6 +20,29 @@ import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
+from tensorflow.python.trackable import base as trackable
+
+
+class PinnedIterator(trackable.Trackable):
+    """A dataset iterator that saves and restores its state on its own device.
+
+    An iterator asks its dataset for its options when saved, on the device
+    the save runs on; a DALIDataset on another task cannot be copied there
+    (its handle does not cross the wire), so the save runs on the tower's
+    device and only the serialized state travels.
+    """
+
+    def __init__(self, iterator, device: str):
+        self.iterator = iterator
+        self.device = device
+
+    def _serialize_to_tensors(self):
+        with tf.device(self.device):
+            return self.iterator._serialize_to_tensors()  # noqa: SLF001 (the Trackable protocol)
+
+    def _restore_from_tensors(self, restored_tensors):
+        with tf.device(self.device):
+            return self.iterator._restore_from_tensors(restored_tensors)  # noqa: SLF001
 
 
 class CheckpointError(RuntimeError):
@@ -35,12 +58,16 @@ class CheckpointOptions:
       every: also save every this many steps (0: only at the end of epochs).
       keep: how many of the newest checkpoints to keep.
       resume: continue from the newest good checkpoint in `directory`.
+      io_device: the device whose host reads and writes the files; with
+        towers on other tasks, this process's CPU, so that the checkpoint
+        lands on this machine and not in pieces on every worker.
     """
 
     directory: str | None = None
     every: int = 0
     keep: int = 3
     resume: bool = False
+    io_device: str | None = None
 
     def __post_init__(self):
         if self.every < 0:
@@ -62,13 +89,14 @@ class Checkpoints:
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, options.directory, max_to_keep=options.keep
         )
+        self.io = tf.train.CheckpointOptions(experimental_io_device=options.io_device)
 
     @property
     def latest(self) -> str | None:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        return self.manager.save(checkpoint_number=step)
+        return self.manager.save(checkpoint_number=step, options=self.io)
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint that loads; returns its path, or None
@@ -82,7 +110,7 @@ class Checkpoints:
             listed = self._unlisted()
         for path in listed:
             try:
-                status = self.checkpoint.restore(path)
+                status = self.checkpoint.restore(path, options=self.io)
                 status.assert_existing_objects_matched()
                 # Saved values this run has no object for (another tower count,
                 # say) are judged by the caller, not warned about at exit.

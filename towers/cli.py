@@ -126,6 +126,16 @@ DEFAULT_DATA = os.path.join(
               help="DALI worker threads per tower pipeline.")
 @click.option("--prefetch", default=2, show_default=True, type=int,
               help="DALI prefetch queue depth per tower pipeline.")
+@click.option("--cluster", "cluster_spec", default=None,
+              help="Train on remote towers too: the workers' addresses, e.g. "
+              "worker=h1:2222,h2:2222 (each running tower-worker); add "
+              "'chief=THIS_HOST:PORT;' in front when the workers are on other hosts. "
+              "Default: TF_CONFIG's cluster, if set.")
+@click.option("--connect-timeout", default=60.0, show_default=True, type=float,
+              help="Seconds to wait for every cluster task to answer at start.")
+@click.option("--step-timeout", default=300.0, show_default=True, type=float,
+              help="With a cluster: seconds a step may take before the run stops "
+              "and names the tasks that do not answer.")
 def tower_train(
     devices,
     reduce_device,
@@ -159,6 +169,9 @@ def tower_train(
     log_device_placement,
     dali_threads,
     prefetch,
+    cluster_spec,
+    connect_timeout,
+    step_timeout,
 ):
     """Train a model with one explicit tower per device."""
     from engine import data
@@ -168,6 +181,9 @@ def tower_train(
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
+    cluster = _cluster(cluster_spec, connect_timeout, request)
+    if not step_timeout > 0:
+        raise UsageFailure(f"--step-timeout ({step_timeout:g}) must be positive")
     profile = parse_profile_steps(profile_steps, logdir)
     if check_replicas and variable_mode != "replicated":
         raise UsageFailure(
@@ -191,8 +207,11 @@ def tower_train(
     given = data_path is not None or data_format == "synthetic"
     info = _inspect(data_path, data_format) if given else None
     _start_tensorflow(request, reducer, deterministic, log_device_placement)
+    watchdog = None
+    if cluster is not None:
+        watchdog = _connect(cluster, step_timeout, checkpoint_dir)
     try:
-        placement = devs.configure(request)
+        placement = devs.configure(request, _connector(cluster, watchdog))
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
     if info is None:
@@ -238,7 +257,8 @@ def tower_train(
             ),
             placement=train.PlacementOptions(placement_log, strict_placement),
             checkpoints=CheckpointOptions(
-                checkpoint_dir, checkpoint_every, keep_checkpoints, resume
+                checkpoint_dir, checkpoint_every, keep_checkpoints, resume,
+                io_device=cluster.local_cpu if cluster else None,
             ),
             skip_nonfinite=skip_nonfinite,
             logdir=logdir,
@@ -246,7 +266,93 @@ def tower_train(
         )
     except ValueError as err:
         raise UsageFailure(str(err))
-    _train(placement, options, info)
+    _train(placement, options, info, cluster, watchdog)
+
+
+def _cluster(spec, connect_timeout, request):
+    """The cluster from --cluster, else from TF_CONFIG, else None; remote
+    towers without one are refused."""
+    from engine import cluster as cluster_lib
+    from engine import devices as devs
+
+    text = os.environ.get("TF_CONFIG") if spec is None else spec
+    remote = [
+        name
+        for name in (*(request.towers or ()), request.reduce_device)
+        if name and devs.task_of(name)
+    ]
+    if not text or not text.strip():
+        if remote:
+            raise UsageFailure(
+                f"--devices: {remote[0]} is on another task; name the cluster with "
+                "--cluster worker=HOST:PORT,... (or TF_CONFIG)"
+            )
+        return None
+    try:
+        if spec is None:
+            jobs, source = cluster_lib.from_tf_config(text), "TF_CONFIG"
+        else:
+            jobs, source = cluster_lib.parse(text), "--cluster"
+        return cluster_lib.ClusterOptions(jobs, connect_timeout, source)
+    except cluster_lib.ClusterError as err:
+        raise UsageFailure(str(err))
+
+
+def _connect(cluster, step_timeout, checkpoint_dir):
+    """Waits for every task to answer; returns the watchdog that bounds the
+    connection and each step from here on."""
+    from engine import cluster as cluster_lib
+    from engine.watchdog import Watchdog
+
+    try:
+        cluster_lib.wait_for_tasks(cluster, lambda m: click.echo(f"tower-train: {m}"))
+    except cluster_lib.ClusterError as err:
+        fail("tower-train", str(err), 1)
+
+    def overrun(what: str, seconds: float) -> None:
+        down = cluster_lib.unreachable(cluster)
+        detail = (
+            f"not answering: {'; '.join(down)}"
+            if down
+            else "every task still accepts connections, so one of them is stalled"
+        )
+        sys.stdout.flush()
+        click.echo(
+            f"tower-train: error: {what} has not finished after {seconds:.0f} s "
+            f"(--step-timeout {step_timeout:g}); {detail}; {_resume_advice(checkpoint_dir)}",
+            err=True,
+        )
+        sys.stderr.flush()
+        os._exit(1)  # the training thread is inside TensorFlow, waiting
+
+    return Watchdog(step_timeout, overrun)
+
+
+def _connector(cluster, watchdog):
+    """What configure() calls to connect, under the watchdog, or None."""
+    if cluster is None:
+        return None
+    from engine import cluster as cluster_lib
+
+    def connect():
+        import tensorflow as tf
+
+        # Listing the devices is the first exchange with every task.
+        watchdog.guard("connecting to the cluster", lambda: (
+            cluster_lib.connect(cluster), tf.config.list_logical_devices()))
+
+    return connect
+
+
+def _resume_advice(checkpoint_dir) -> str:
+    """Where the run can go on from, once its workers are back."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    if latest is None:
+        return "no checkpoint was saved" + ("" if checkpoint_dir else " (no --checkpoint-dir)")
+    return (f"the last checkpoint is {latest}; once every worker is up again, resume "
+            f"with: {resume_command()}")
 
 
 def _start_tensorflow(request, reducer, deterministic, log_device_placement) -> None:
@@ -309,7 +415,7 @@ def _default_dataset(data_format):
     return _inspect(DEFAULT_DATA, data_format)
 
 
-def _train(placement, options, info):
+def _train(placement, options, info, cluster=None, watchdog=None):
     import tensorflow as tf
 
     from engine.checkpoint import CheckpointError
@@ -324,7 +430,7 @@ def _train(placement, options, info):
 
     try:
         with GracefulStop() as stop:
-            train.train(placement, options, info, stop=stop)
+            train.train(placement, options, info, stop=stop, watchdog=watchdog)
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
@@ -353,6 +459,13 @@ def _train(placement, options, info):
     except (StrayPlacementError, ReplicaDriftError) as err:
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
+        if cluster is not None:
+            from engine import cluster as cluster_lib
+
+            down = cluster_lib.unreachable(cluster)
+            if down:
+                fail("tower-train", f"lost {'; '.join(down)}; "
+                     f"{_resume_advice(options.checkpoints.directory)}", 1)
         fail("tower-train", _explain_op_error(err, placement, info), 1)
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from engine import data, loop, placement_report, reducers
 from engine import variables as variables_lib
-from engine.checkpoint import CheckpointError, CheckpointOptions, Checkpoints
+from engine.checkpoint import CheckpointError, CheckpointOptions, Checkpoints, PinnedIterator
 from engine.devices import Placement
 from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
@@ -23,6 +23,7 @@ from engine.progress import EpochProgress
 from engine.signals import GracefulStop, StopRequested
 from engine.step import TowerStep
 from engine.summaries import Summaries
+from engine.watchdog import Watchdog
 from towers import models
 
 OPTIMIZERS = {
@@ -306,6 +307,7 @@ def train(
     info: data.DatasetInfo,
     stream: TextIO = sys.stdout,
     stop: GracefulStop | None = None,
+    watchdog: Watchdog | None = None,
 ) -> list[dict]:
     """Builds the towers, restores a checkpoint if asked, and runs the loop;
     returns one record per epoch run.
@@ -313,6 +315,8 @@ def train(
     Raises:
       StopRequested: a signal stopped the run (after a checkpoint was saved).
       NonFiniteError: a loss or gradient was not finite (nothing saved).
+
+    With a `watchdog`, every step runs under its deadline.
     """
     towers = build(placement, options.data, options.model, options.reducer, info.val_size)
     model = towers.step.model
@@ -326,9 +330,13 @@ def train(
     if options.checkpoints.directory:
         signature = run_signature(placement, options)
         run = tf.Variable(signature, trainable=False)
-        state = {**towers.step.trackables(), "train_data": towers.train_iterators, "run": run}
+        def pinned(iterators):
+            return [PinnedIterator(i, t.device) for i, t in zip(iterators, placement.towers)]
+
+        state = {**towers.step.trackables(), "train_data": pinned(towers.train_iterators),
+                 "run": run}
         if towers.held_out is not None:
-            state["held_out"] = [*towers.held_out.iterators, towers.held_out.position]
+            state["held_out"] = [*pinned(towers.held_out.iterators), towers.held_out.position]
         checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
         if options.checkpoints.resume:
             path = checkpoints.restore()
@@ -365,6 +373,8 @@ def train(
             strict=options.placement.strict,
         )
         call = log.call
+    if watchdog is not None:
+        call = watchdog.wrap_call(call)
     try:
         history = loop.run(
             towers.step,

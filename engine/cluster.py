@@ -1,0 +1,221 @@
+"""Towers on other machines: the cluster, reaching its tasks, connecting to it.
+
+The cluster is TensorFlow's own distributed runtime. Every worker runs a
+`tf.distribute.Server` (`tower-worker`); this process connects to them with
+`tf.config.experimental_connect_to_cluster`. Their devices then take towers
+like local ones, and TensorFlow moves tensors between tasks over gRPC, worker
+to worker where a reducer says so.
+
+This process is the cluster's `chief` task 0 when the cluster names a chief
+(TensorFlow's convention, and what two hosts need: workers send tensors back
+to the chief's address), else a client on `localhost`, which only the local
+machine can reach.
+
+TensorFlow waits without end for a task that is down, so every task's address
+is tried first, within a deadline, and a task that does not answer is named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import socket
+import time
+from collections.abc import Callable
+
+CHIEF = "chief"
+_JOB = re.compile(r"^[A-Za-z_][\w-]*$")
+_ADDRESS = re.compile(r"^(?P<host>[\w.-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+class ClusterError(ValueError):
+    """A cluster that cannot be used as given; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterOptions:
+    """The cluster this process trains on.
+
+    Attributes:
+      jobs: (job name, task addresses) pairs, e.g.
+        (("worker", ("h1:2222", "h2:2222")),).
+      connect_timeout: seconds to wait for every task to answer at start.
+      source: where the cluster came from, for messages (`--cluster` or
+        `TF_CONFIG`).
+    """
+
+    jobs: tuple[tuple[str, tuple[str, ...]], ...]
+    connect_timeout: float = 60.0
+    source: str = "--cluster"
+
+    def __post_init__(self):
+        if not self.connect_timeout > 0:
+            raise ClusterError(
+                f"--connect-timeout ({self.connect_timeout:g}) must be positive"
+            )
+        chiefs = dict(self.jobs).get(CHIEF, ())
+        if len(chiefs) > 1:
+            raise ClusterError(
+                f"{self.source}: {len(chiefs)} chief tasks; the chief is this "
+                "process, so give one address for it"
+            )
+
+    @property
+    def local_job(self) -> str:
+        """The job this process is task 0 of."""
+        return CHIEF if CHIEF in dict(self.jobs) else "localhost"
+
+    @property
+    def local_cpu(self) -> str:
+        """This process's CPU, in full: where checkpoints are read and written."""
+        return f"/job:{self.local_job}/replica:0/task:0/device:CPU:0"
+
+    def remote_tasks(self) -> list[tuple[str, str]]:
+        """(`/job:J/task:T`, address) of every task but this process."""
+        return [
+            (f"/job:{job}/task:{index}", address)
+            for job, addresses in self.jobs
+            if job != CHIEF
+            for index, address in enumerate(addresses)
+        ]
+
+    def spec(self) -> dict[str, list[str]]:
+        return {job: list(addresses) for job, addresses in self.jobs}
+
+
+def parse(spec: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`worker=h1:2222,h2:2222` (jobs separated by `;`) -> jobs.
+
+    Raises:
+      ClusterError: naming the part that is not `job=host:port,...`.
+    """
+    jobs = []
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        job, sep, addresses = part.partition("=")
+        job = job.strip()
+        listed = tuple(a.strip() for a in addresses.split(","))
+        if not sep or not _JOB.match(job) or not all(listed):
+            raise ClusterError(
+                f"--cluster {spec!r}: {part!r} is not job=host:port[,host:port...]; "
+                "e.g. worker=h1:2222,h2:2222 (jobs separated by ';')"
+            )
+        jobs.append((job, listed))
+    if not jobs:
+        raise ClusterError(
+            f"--cluster {spec!r} names no task; e.g. worker=h1:2222,h2:2222"
+        )
+    return _checked(jobs, "--cluster")
+
+
+def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The jobs of a TF_CONFIG value (`{"cluster": {...}, "task": {...}}`).
+
+    Raises:
+      ClusterError: TF_CONFIG is not JSON with a `cluster` of job -> address
+        list, or its `task` is a task other than the chief.
+    """
+    try:
+        config = json.loads(text)
+        cluster = config["cluster"]
+        jobs = [(str(job), tuple(addresses)) for job, addresses in cluster.items()]
+        if not all(isinstance(a, str) for _, addresses in jobs for a in addresses):
+            raise TypeError("addresses must be strings")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ClusterError(
+            f"TF_CONFIG is not JSON like {{\"cluster\": {{\"worker\": "
+            f"[\"h1:2222\", \"h2:2222\"]}}}} ({err}); fix or unset it"
+        ) from None
+    task = config.get("task") or {}
+    if task and task.get("type") != CHIEF:
+        raise ClusterError(
+            f"TF_CONFIG names this process task {task.get('type')}/{task.get('index')}; "
+            "tower-train runs as the chief or outside the cluster, and workers "
+            "run tower-worker"
+        )
+    return _checked(jobs, "TF_CONFIG")
+
+
+def _checked(jobs, source: str):
+    for job, addresses in jobs:
+        for address in addresses:
+            match = _ADDRESS.match(address)
+            if not match or not 0 < int(match.group("port")) < 65536:
+                raise ClusterError(
+                    f"{source}: {job} address {address!r} is not host:port with a "
+                    "port in 1..65535"
+                )
+    names = [job for job, _ in jobs]
+    if len(set(names)) != len(names):
+        raise ClusterError(f"{source}: a job is listed twice in {', '.join(names)}")
+    return tuple(jobs)
+
+
+def probe(address: str, timeout: float = 2.0) -> str | None:
+    """None if something accepts connections at `address`, else why not."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except socket.timeout:
+        return f"no answer within {timeout:g} s"
+    except OSError as err:
+        return err.strerror or str(err)
+
+
+def unreachable(options: ClusterOptions, timeout: float = 2.0) -> list[str]:
+    """`/job:J/task:T at ADDRESS (reason)` for each task that does not answer."""
+    down = []
+    for task, address in options.remote_tasks():
+        reason = probe(address, timeout)
+        if reason:
+            down.append(f"{task} at {address} ({reason})")
+    return down
+
+
+def wait_for_tasks(
+    options: ClusterOptions, say: Callable[[str], None], clock=time.monotonic
+) -> None:
+    """Returns once every task answers; says which it waits for meanwhile.
+
+    Raises:
+      ClusterError: a task still does not answer after `connect_timeout`.
+    """
+    deadline = clock() + options.connect_timeout
+    waiting_said = set()
+    pending = options.remote_tasks()
+    while pending:
+        still = []
+        for task, address in pending:
+            reason = probe(address)
+            if reason is None:
+                continue
+            if clock() >= deadline:
+                raise ClusterError(
+                    f"{options.source}: {task} at {address} does not answer ({reason}) "
+                    f"after {options.connect_timeout:g} s; start it there with: "
+                    f"tower-worker --port {address.rpartition(':')[2]}"
+                )
+            if task not in waiting_said:
+                say(f"waiting for {task} at {address} ({reason}); up to "
+                    f"{options.connect_timeout:g} s")
+                waiting_said.add(task)
+            still.append((task, address))
+        pending = still
+        if pending:
+            time.sleep(0.5)
+
+
+def connect(options: ClusterOptions) -> None:
+    """Connects this process to the cluster; the workers' devices become visible."""
+    import tensorflow as tf
+
+    spec = options.spec()
+    if options.local_job == CHIEF:
+        tf.config.experimental_connect_to_cluster(
+            tf.train.ClusterSpec(spec), job_name=CHIEF, task_index=0
+        )
+    else:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))

@@ -1,0 +1,113 @@
+"""`tower-worker`: one task of a cluster, serving its devices to tower-train.
+
+It starts a TensorFlow server (`tf.distribute.Server`) on a port, with the
+DALI TensorFlow plugin imported first: a tower placed on this worker runs its
+DALIDataset here, and the server can only run ops it knows. tower-train sends
+the whole cluster's layout when it connects, so a worker needs only its port.
+SIGTERM or Ctrl-C stops it, exit code 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+import click
+
+from towers.cli_common import OneLineCommand, UsageFailure, fail, import_tensorflow
+
+
+@click.command(name="tower-worker", cls=OneLineCommand)
+@click.option("--port", default=None, type=int,
+              help="Port to serve on. Default: this task's port in TF_CONFIG.")
+@click.option("--cpus", default=1, show_default=True, type=int,
+              help="Split this host's CPU into N logical devices (cpu:0..N-1), "
+              "to try several towers per worker without GPUs.")
+def tower_worker(port, cpus):
+    """Serve this machine's devices to tower-train over gRPC."""
+    if port is None:
+        port = _port_from_tf_config()
+    if not 0 < port < 65536:
+        raise UsageFailure(f"--port {port} is not a port; use 1..65535")
+    if cpus < 1:
+        raise UsageFailure(f"--cpus ({cpus}) must be at least 1")
+    if _in_use(port):
+        fail("tower-worker", f"--port {port} is already in use on this host; "
+             "stop what serves there or pick another port", 1)
+    import_tensorflow()  # the DALI plugin's ops too, before the server starts
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": cpus})
+    try:
+        tf.distribute.Server(
+            tf.train.ClusterSpec({"worker": {0: f"localhost:{port}"}}),
+            job_name="worker",
+            task_index=0,
+            protocol="grpc",
+            config=config,
+            start=True,
+        )
+    except tf.errors.OpError as err:
+        fail("tower-worker", f"cannot serve on port {port}: {err.message.splitlines()[0]}", 1)
+    gpus = [f"GPU:{k}" for k in range(len(tf.config.list_physical_devices("GPU")))]
+    devices = ", ".join([f"CPU:{k}" for k in range(cpus)] + gpus)
+    click.echo(
+        f"tower-worker: serving {socket.gethostname()}:{port} (pid {os.getpid()}); "
+        f"devices {devices}; DALI ops registered; stop with Ctrl-C or SIGTERM",
+    )
+    sys.stdout.flush()
+    _wait_for_stop()
+
+
+def _wait_for_stop() -> None:
+    """Blocks until SIGTERM or SIGINT, then ends the process at once: the
+    server has no clean shutdown, and nothing here needs saving."""
+    stopped = threading.Event()
+    received = []
+
+    def on_signal(number, frame):
+        received.append(signal.Signals(number).name)
+        stopped.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while not stopped.wait(1.0):
+        pass
+    click.echo(f"tower-worker: stopped by {received[0]}")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _port_from_tf_config() -> int:
+    """This task's port from TF_CONFIG's cluster and task."""
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        raise UsageFailure("give --port P (or set TF_CONFIG with this task's address)")
+    try:
+        config = json.loads(text)
+        task = config["task"]
+        address = config["cluster"][task["type"]][int(task["index"])]
+        return int(address.rpartition(":")[2])
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        raise UsageFailure(
+            f"TF_CONFIG has no address for this task ({err!r}); give --port P, or a "
+            "TF_CONFIG with cluster and task, e.g. {\"cluster\": {\"worker\": "
+            "[\"h1:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
+        ) from None
+
+
+def _in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main():
+    tower_worker.main(prog_name="tower-worker")
+
+
+if __name__ == "__main__":
+    main()
