@@ -21,7 +21,8 @@ Log schema (JSON Lines), one object per line:
    "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool}
   A control transfer is a cross-device control edge: an ordering signal that
   carries no data (bytes 0).
-Devices are written short (`/cpu:1`) when local, in full otherwise; `bytes` is
+Devices are written short: `/cpu:1` when local, `/job:worker/task:1/cpu:0` on
+another task (see engine.devices.canonical); `bytes` is
 per call of the step and null when the size cannot be known (never 0).
 """
 

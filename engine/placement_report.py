@@ -6,6 +6,8 @@ import collections
 import json
 from collections.abc import Iterable, Sequence
 
+from engine.devices import task_of
+
 STEPS = ("train", "eval")
 
 
@@ -98,6 +100,20 @@ def _owner_label(owner) -> str:
     return f"tower {owner}" if isinstance(owner, int) else owner
 
 
+LOCAL_TASK = "this process"
+
+
+def by_task(moved: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Bytes between tasks (processes, so machines apart or not), per ordered
+    pair of `/job:J/task:T` (or LOCAL_TASK); transfers within a task left out."""
+    totals: dict[tuple[str, str], int] = collections.defaultdict(int)
+    for (src, dst), count in moved.items():
+        a, b = task_of(src) or LOCAL_TASK, task_of(dst) or LOCAL_TASK
+        if a != b:
+            totals[(a, b)] += count
+    return dict(totals)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> list[str]:
     cells = [list(map(str, headers))] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -158,6 +174,13 @@ def summary(entries: Sequence[dict]) -> str:
             f"{info['parameter_bytes']:,})"
             + (f"; {unknown} transfer(s) of unknown size" if unknown else "")
         )
+        between = by_task(moved)
+        if between:
+            pairs = ", ".join(f"{a} -> {b} {n:,}" for (a, b), n in sorted(between.items()))
+            lines.append(
+                f"  between tasks (over the network): {sum(between.values()):,} bytes "
+                f"per step: {pairs}"
+            )
         step_strays = strays(step_ops)
         if step_strays:
             lines.append(f"  stray ops ({len(step_strays)}):")
