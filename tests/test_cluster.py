@@ -1,0 +1,275 @@
+"""Towers on other processes: tower-worker servers on loopback ports, tower-train
+connected to them over TensorFlow's gRPC runtime, and what happens when a
+worker is down, dies or freezes."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from engine import cluster as cluster_lib
+from engine.placement_report import LOCAL_TASK, by_task, load, matrix
+from tests.conftest import BIN, REPO, run_cli
+
+PARAMETER_BYTES = 407_080  # the mlp's float32 parameters
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Worker:
+    """A tower-worker process on 127.0.0.1, ready once it says it serves."""
+
+    def __init__(self, cpus: int = 1, port: int | None = None):
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [os.path.join(BIN, "tower-worker"), "--port", str(self.port), "--cpus", str(cpus)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        )
+        self.banner = self._line(timeout=60)
+        assert "tower-worker: serving" in self.banner, self.banner
+
+    def _line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        return self.process.stdout.readline() if ready else ""
+
+    def stop(self, timeout: float = 15) -> tuple[int, str]:
+        """SIGTERM; returns the exit code and the last words."""
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=timeout)
+        return self.process.returncode, out.strip()
+
+
+@pytest.fixture
+def start_worker():
+    """Starts workers on demand; whatever is left is killed after the test."""
+    started = []
+
+    def start(cpus: int = 1, port: int | None = None) -> Worker:
+        started.append(Worker(cpus, port))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGCONT)
+            worker.process.kill()
+            worker.process.wait(timeout=15)
+
+
+def train_args(mnist_dir, cluster: str, devices: str, *extra: str) -> list[str]:
+    return ["tower-train", "--cluster", cluster, "--devices", devices, "--data", mnist_dir,
+            *extra]
+
+
+def read_metrics(path) -> list[dict]:
+    with open(path) as stream:
+        return [json.loads(line) for line in stream]
+
+
+def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, start_worker):
+    """Two towers on two worker processes train exactly as two towers on one
+    process: the same shards, the same reduction, the same numbers."""
+    w0, w1 = start_worker(), start_worker()
+    chief = f"127.0.0.1:{free_port()}"
+    common = ["--epochs", "1", "--steps-per-epoch", "300"]
+    remote = run_cli(*train_args(
+        mnist_dir, f"chief={chief};worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
+        *common, "--metrics", str(tmp_path / "remote.jsonl"),
+        "--placement-log", str(tmp_path / "placement.jsonl"),
+    ))
+    assert remote.returncode == 0, remote.stderr
+    assert f"tower 1  /job:worker/task:1/cpu:0 shard 1/2" in remote.stdout
+    local = run_cli("tower-train", "--devices", "cpu:2", "--data", mnist_dir, *common,
+                    "--metrics", str(tmp_path / "local.jsonl"))
+    assert local.returncode == 0, local.stderr
+
+    [there], [here] = read_metrics(tmp_path / "remote.jsonl"), read_metrics(tmp_path / "local.jsonl")
+    assert there["eval_accuracy"] >= 0.93
+    assert there["eval_accuracy"] == pytest.approx(here["eval_accuracy"], abs=1e-4)
+    assert there["loss"] == pytest.approx(here["loss"], rel=1e-5)
+    assert there["eval_samples"] == 10000
+
+    # The placement log: each tower's batches and backward pass on its
+    # worker, the parameters out to each worker and its gradients back.
+    entries = load(str(tmp_path / "placement.jsonl"))
+    towers = {("/job:worker/task:0/cpu:0", 0), ("/job:worker/task:1/cpu:0", 1)}
+    backward = {(o["assigned"], o["tower"]) for o in entries
+                if o["kind"] == "op" and o.get("step") == "train"
+                and o["name"].startswith("gradient_tape/") and "MatMul" in o["op"]}
+    assert backward == towers
+    assert not [o for o in entries if o["kind"] == "op" and o["stray"]]
+    between = by_task(matrix(entries, "train"))
+    for task in ("/job:worker/task:0", "/job:worker/task:1"):
+        assert PARAMETER_BYTES <= between[(LOCAL_TASK, task)] <= 1.01 * PARAMETER_BYTES
+        assert PARAMETER_BYTES <= between[(task, LOCAL_TASK)] <= 1.01 * PARAMETER_BYTES
+    assert "between tasks (over the network): 1,628," in remote.stdout
+
+    for worker in (w0, w1):
+        code, words = worker.stop()
+        assert (code, words.splitlines()[-1]) == (0, "tower-worker: stopped by SIGTERM")
+
+
+@pytest.mark.parametrize("reducer", ["ring", "collective"])
+def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, start_worker, reducer):
+    """Replicated variables on three towers over two workers: the all-reduce
+    runs between the workers, and the run equals the central one on one host."""
+    w0, w1 = start_worker(), start_worker(cpus=2)
+    common = ["--epochs", "1", "--steps-per-epoch", "60", "--eval-steps", "0",
+              "--variables", "replicated", "--check-replicas", "30"]
+    remote = run_cli(*train_args(
+        mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0,w1/cpu:1",
+        *common, "--reducer", reducer, "--metrics", str(tmp_path / "remote.jsonl")))
+    assert remote.returncode == 0, remote.stderr
+    local = run_cli("tower-train", "--devices", "cpu:3", "--data", mnist_dir, *common,
+                    "--reducer", "central", "--metrics", str(tmp_path / "local.jsonl"))
+    assert local.returncode == 0, local.stderr
+    [there], [here] = read_metrics(tmp_path / "remote.jsonl"), read_metrics(tmp_path / "local.jsonl")
+    assert there["loss"] == pytest.approx(here["loss"], rel=1e-5)
+
+
+def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path, start_worker):
+    w0, w1 = start_worker(), start_worker()
+    checkpoints = tmp_path / "ckpt"
+    args = train_args(mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
+                      "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
+                      "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20")
+    run = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "ckpt-40.index").exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.2)
+    w1.process.kill()
+    killed = time.monotonic()
+    out, err = run.communicate(timeout=60)  # bounded: no hang
+    assert run.returncode == 1, err
+    assert time.monotonic() - killed < 30
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(
+        f"tower-train: error: lost /job:worker/task:1 at {w1.address} (Connection refused); "
+        f"the last checkpoint is {checkpoints}/ckpt-"
+    ), line
+    assert line.endswith("--resume"), line
+    assert "once every worker is up again, resume with: tower-train --cluster" in line
+    saved = int(line.split("/ckpt-")[1].split(";")[0])
+    assert saved >= 40
+    assert w0.stop()[0] == 0  # the surviving worker still stops cleanly
+
+    w0, w1 = start_worker(port=w0.port), start_worker(port=w1.port)
+    resumed = run_cli(*args[:-4], "--steps-per-epoch", "3000", "--checkpoint-dir",
+                      str(checkpoints), "--checkpoint-every", "1000", "--resume",
+                      "--epochs", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {checkpoints}/ckpt-{saved} at step {saved}" in resumed.stdout
+
+
+def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, start_worker):
+    up = start_worker()
+    down = f"127.0.0.1:{free_port()}"
+    config = {"cluster": {"worker": [up.address, down]}}
+    started = time.monotonic()
+    result = subprocess.run(
+        [os.path.join(BIN, "tower-train"), "--devices", "w0/cpu:0,w1/cpu:0", "--data",
+         mnist_dir, "--connect-timeout", "3"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env={**os.environ, "TF_CONFIG": json.dumps(config)},
+    )
+    assert time.monotonic() - started < 40
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"tower-train: error: TF_CONFIG: /job:worker/task:1 at {down} does not answer "
+        f"(Connection refused) after 3 s; start it there with: tower-worker --port "
+        f"{down.rpartition(':')[2]}"
+    )
+    assert f"waiting for /job:worker/task:1 at {down}" in result.stdout
+
+
+def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, start_worker):
+    """A worker that stops answering (SIGSTOP) would make TensorFlow wait
+    forever; the step timeout ends the run and says what it found."""
+    w0, w1 = start_worker(), start_worker()
+    checkpoints = tmp_path / "ckpt"
+    args = train_args(mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
+                      "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
+                      "--step-timeout", "5", "--checkpoint-dir", str(checkpoints),
+                      "--checkpoint-every", "20")
+    run = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "ckpt-20.index").exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.2)
+    w1.process.send_signal(signal.SIGSTOP)
+    frozen = time.monotonic()
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    assert time.monotonic() - frozen < 30
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tower-train: error: a train step has not finished after "), last
+    assert ("(--step-timeout 5); every task still accepts connections, so one of them is "
+            f"stalled; the last checkpoint is {checkpoints}/ckpt-") in last
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--devices", "w1/cpu:0"], {},
+         "--devices: /job:worker/task:1/cpu:0 is on another task; name the cluster with "
+         "--cluster worker=HOST:PORT,... (or TF_CONFIG)"),
+        (["--cluster", "worker=h1", "--devices", "w0/cpu:0"], {},
+         "--cluster: worker address 'h1' is not host:port with a port in 1..65535"),
+        (["--cluster", "h1:2222", "--devices", "w0/cpu:0"], {},
+         "--cluster 'h1:2222': 'h1:2222' is not job=host:port[,host:port...]; "
+         "e.g. worker=h1:2222,h2:2222 (jobs separated by ';')"),
+        (["--cluster", "chief=a:1,b:2;worker=c:3", "--devices", "w0/cpu:0"], {},
+         "--cluster: 2 chief tasks; the chief is this process, so give one address for it"),
+        (["--devices", "w0/cpu:0"],
+         {"TF_CONFIG": '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}'},
+         "TF_CONFIG names this process task worker/0; tower-train runs as the chief or "
+         "outside the cluster, and workers run tower-worker"),
+        (["--cluster", "worker=h:1", "--devices", "w0/cpu:0", "--step-timeout", "0"], {},
+         "--step-timeout (0) must be positive"),
+    ],
+)
+def test_bad_cluster_input_is_one_line(args, env, message):
+    result = subprocess.run([os.path.join(BIN, "tower-train"), *args], capture_output=True,
+                            text=True, timeout=60, cwd=REPO, env={**os.environ, **env})
+    assert (result.returncode, result.stderr.strip()) == (2, f"tower-train: error: {message}")
+
+
+def test_worker_refuses_a_bad_or_busy_port(start_worker):
+    bad = run_cli("tower-worker", "--port", "70000")
+    assert (bad.returncode, bad.stderr.strip()) == (
+        2, "tower-worker: error: --port 70000 is not a port; use 1..65535")
+    busy = start_worker()
+    again = run_cli("tower-worker", "--port", str(busy.port))
+    assert (again.returncode, again.stderr.strip()) == (
+        1, f"tower-worker: error: --port {busy.port} is already in use on this host; "
+        "stop what serves there or pick another port")
+
+
+def test_cluster_specs_parse():
+    assert cluster_lib.parse("worker=h1:2222, h2:2222") == (("worker", ("h1:2222", "h2:2222")),)
+    options = cluster_lib.ClusterOptions(cluster_lib.parse("chief=h0:1;worker=h1:2,h2:3"))
+    assert options.local_job == "chief"
+    assert options.local_cpu == "/job:chief/replica:0/task:0/device:CPU:0"
+    assert options.remote_tasks() == [("/job:worker/task:0", "h1:2"),
+                                      ("/job:worker/task:1", "h2:3")]
+    config = '{"cluster": {"worker": ["h1:2", "[::1]:3"]}, "task": {"type": "chief", "index": 0}}'
+    assert cluster_lib.from_tf_config(config) == (("worker", ("h1:2", "[::1]:3")),)
+    with pytest.raises(cluster_lib.ClusterError, match="TF_CONFIG is not JSON"):
+        cluster_lib.from_tf_config("{")
+    with pytest.raises(cluster_lib.ClusterError, match="a job is listed twice"):
+        cluster_lib.parse("worker=h:1;worker=h:2")
