@@ -6,8 +6,9 @@ import pytest
 import tensorflow as tf
 from conftest import run_cli
 
-from engine import placement_report
+from engine import placement_report, precision
 from engine.devices import DeviceRequest, resolve
+from engine.loss_scale import DynamicLossScale
 from engine.reducers import Central
 from engine.step import TowerStep
 from engine.variables import ReplicatedVariables
@@ -18,16 +19,22 @@ STEPS = 30
 VISIBLE = [f"/cpu:{k}" for k in range(4)]
 
 
-def make_step(*, xla, num_towers=2, optimizer=lambda: keras.optimizers.SGD(0.1)):
+def make_step(
+    *, xla, num_towers=2, optimizer=lambda: keras.optimizers.SGD(0.1),
+    compute_dtype="float32", loss_scale=None,
+):
     """A replicated-variable step; the same seed gives every step the same weights."""
     placement = resolve(DeviceRequest(tuple(VISIBLE[:num_towers])), VISIBLE)
     keras.utils.set_random_seed(3)
-    variables = ReplicatedVariables(
-        lambda: models.mlp((28, 28, 1), 10, dropout=0.0), optimizer, placement
-    )
+
+    def make_model():
+        with precision.policy(compute_dtype):
+            return models.mlp((28, 28, 1), 10, dropout=0.0)
+
+    variables = ReplicatedVariables(make_model, optimizer, placement)
     return TowerStep(
         variables=variables, placement=placement, reducer=Central(placement.reduce_device),
-        xla=xla,
+        loss_scale=loss_scale, xla=xla,
     )
 
 
@@ -78,6 +85,21 @@ def test_xla_training_decreases_the_loss_like_the_plain_step(digits):
     first, last = np.mean(losses[True][:5]), np.mean(losses[True][-5:])
     assert last < 0.5 * first, losses[True]
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+
+
+def test_xla_towers_take_the_loss_scale_from_the_reduce_device(digits):
+    """The scale lives on /cpu:0; each compiled tower gets its value, so a
+    float16 overflow is seen, skipped and halved as without XLA."""
+    step = make_step(
+        xla=True, compute_dtype="float16",
+        loss_scale=DynamicLossScale("/cpu:0", initial=2.0**30),
+    )
+    iterators = tower_iterators(digits, step, steps=20)
+    overflows = [bool(step.train(iterators)["overflow"]) for _ in range(20)]
+    k = overflows.index(False)
+    assert overflows[:k] == [True] * k and k >= 5
+    assert float(step.loss_scale.scale.numpy()) <= 2.0**30 / 2**k
+    assert int(step.steps.numpy()) == 20 - sum(overflows) > 0
 
 
 def test_xla_run_keeps_each_tower_on_its_device(mnist_dir, tmp_path):
