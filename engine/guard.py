@@ -1,7 +1,9 @@
 """The non-finite guard: stop (or skip and count) when a loss or gradient is not finite.
 
 The step itself never applies a non-finite update (engine/step.py); this
-watcher decides what the run does about it.
+watcher decides what the run does about it. A step the dynamic loss scale
+overflowed (`overflow` in the step's outputs) has already been handled by
+lowering the scale: it passes silently.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class NonFiniteGuard:
 
     def after_step(self, step: int, outputs: dict) -> None:
         finite = outputs["finite"].numpy()
-        if finite.all():
+        if finite.all() or bool(outputs["overflow"]):
             return
         towers = ", ".join(
             f"tower {k} ({self.devices[k]})" for k, ok in enumerate(finite) if not ok

@@ -143,6 +143,9 @@ def run(
         record["images_per_sec"] = (per_epoch - first + 1) * global_batch / seconds
         record["seconds"] = seconds
         record["skipped"] = int(step.skipped.numpy())
+        if step.loss_scale.dynamic:
+            record["loss_scale"] = float(step.loss_scale.scale.numpy())
+            record["overflows"] = int(step.loss_scale.overflows.numpy())
         record.update(eval_loss=None, eval_accuracy=None)
         if held_out is not None and options.eval_steps:
             eval_start = time.perf_counter()

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from engine import scopes
 from engine.devices import Placement
+from engine.loss_scale import NoLossScale
 from engine.reducers.base import Reducer, mean
 
 
@@ -52,14 +53,22 @@ def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
 
 
-def tower_gradients(model: keras.Model, images, labels) -> TowerResult:
-    """Forward and backward of one tower, on the device scope it is called in."""
+def tower_gradients(model: keras.Model, images, labels, scale=None) -> TowerResult:
+    """Forward and backward of one tower, on the device scope it is called in.
+
+    The loss is computed in float32 whatever the layers compute in. With a
+    loss `scale` (a float32 scalar), the backward pass starts from the scaled
+    loss and the gradients are divided by the scale again, here on the tower.
+    """
     labels = tf.reshape(labels, [-1])
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        probs = model(images, training=True)
+        probs = tf.cast(model(images, training=True), tf.float32)
         loss = tf.reduce_mean(sparse_cross_entropy(labels, probs))
-    grads = tape.gradient(loss, variables)
+        scaled = loss if scale is None else loss * scale
+    grads = tape.gradient(scaled, variables)
+    if scale is not None:
+        grads = [None if g is None else g / scale for g in grads]
     # No per-tower timestamps here: tf.timestamp is stateful, and tf.function
     # orders stateful ops in program order, which would run the towers one
     # after another.
@@ -79,13 +88,32 @@ class TowerStep:
         epoch's metric sums).
       reducer: turns the towers' gradient lists into the mean gradients on the
         variable mode's destinations (engine.reducers).
+      loss_scale: engine.loss_scale.NoLossScale, or DynamicLossScale for
+        float16 towers.
+      xla: compile each tower's forward and backward with XLA, one cluster
+        per tower on its device. The cluster reads the variables itself, so
+        they must be on the tower's device (replicated variables).
     """
 
-    def __init__(self, *, variables, placement: Placement, reducer: Reducer):
+    def __init__(
+        self,
+        *,
+        variables,
+        placement: Placement,
+        reducer: Reducer,
+        loss_scale=None,
+        xla: bool = False,
+    ):
         self.variables = variables
         self.model = variables.model
         self.placement = placement
         self.reducer = reducer
+        self.loss_scale = loss_scale or NoLossScale()
+        self.xla = xla
+        # One compiled function; it is traced once per model copy it is given.
+        self._tower_gradients = (
+            tf.function(tower_gradients, jit_compile=True) if xla else tower_gradients
+        )
         with tf.device(placement.reduce_device):
             # Running sums for the epoch's averages, read once per progress line.
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -103,6 +131,7 @@ class TowerStep:
         """Everything a checkpoint must hold to continue this run exactly."""
         return {
             **self.variables.trackables(),
+            **self.loss_scale.trackables(),
             "global_step": self.global_step,
             "skipped": self.skipped,
             "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
@@ -130,11 +159,14 @@ class TowerStep:
         on its device; the reduction is the reducer's. The gradients come as
         one list per destination of the variable mode.
         """
+        # Read once, before the update can change it, and passed to the towers
+        # as a value: an XLA cluster cannot read a variable on another device.
+        scale = self.loss_scale.value()
         results = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 model = self.variables.model_for(tower.index)
-                results.append(tower_gradients(model, images, labels))
+                results.append(self._tower_gradients(model, images, labels, scale))
         grads = self.reducer(
             [r.grads for r in results], self.placement.devices, self.variables.destinations
         )
@@ -156,13 +188,16 @@ class TowerStep:
     def _train(self, iterators):
         """One step; the update and the metric sums are skipped when any tower's
         loss or gradient is not finite, so a bad batch never reaches the
-        variables."""
+        variables. With a dynamic loss scale, a step whose gradients overflowed
+        only because of the scale lowers it and is marked `overflow`."""
         batches = self._next_batches(iterators)
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
             samples = tf.cast(samples, tf.float64)
             finite = tf.reduce_all(step.finite)
+            # The mean loss is finite exactly when every tower's loss is.
+            overflow = self.loss_scale.update(finite, tf.math.is_finite(step.loss))
 
         def update():
             self.variables.apply(step.grads)
@@ -175,7 +210,8 @@ class TowerStep:
 
         def skip():
             with tf.device(self.placement.reduce_device):
-                self.skipped.assign_add(1)
+                # An overflow of the loss scale is routine, not a skipped step.
+                self.skipped.assign_add(tf.cast(tf.logical_not(overflow), tf.int64))
                 return tf.constant(False)
 
         with tf.device(self.placement.reduce_device):
@@ -185,6 +221,7 @@ class TowerStep:
                 "loss": step.loss,
                 "accuracy": tf.cast(step.correct, tf.float64) / samples,
                 "finite": step.finite,
+                "overflow": overflow,
             }
 
     def _evaluate(self, iterators, valid):
@@ -199,6 +236,7 @@ class TowerStep:
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 labels = tf.reshape(labels, [-1])
                 probs = self.variables.model_for(tower.index)(images, training=False)
+                probs = tf.cast(probs, tf.float32)
                 real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
                 loss = tf.reduce_sum(sparse_cross_entropy(labels, probs) * real)
                 correct = tf.reduce_sum(count_correct(labels, probs) * real)

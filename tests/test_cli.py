@@ -30,6 +30,7 @@ def one_line_error(result, prog="tower-train"):
         (["--data-format", "tfrecord"], "Invalid value for '--data-format': 'tfrecord' is not one of 'auto', 'caffe2', 'folder', 'synthetic'."),
         (["--optimizer", "lamb"], "Invalid value for '--optimizer': 'lamb' is not one of 'sgd', 'momentum', 'adam', 'rmsprop'."),
         (["--metrics", "/nonexistent/m.jsonl"], "--metrics '/nonexistent/m.jsonl': its directory does not exist"),
+        (["--xla", "--deterministic"], "--xla --deterministic: XLA has no deterministic version of some ops (max-pooling gradients, for one) and TensorFlow refuses them mid-run; drop one of the two flags"),
     ],
 )
 def test_bad_input_before_tensorflow(args, message):
@@ -47,6 +48,7 @@ def test_bad_input_before_tensorflow(args, message):
         (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "towers.nothing:here"], "--model 'towers.nothing:here': cannot import 'towers.nothing' (No module named 'towers.nothing')"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model 'resnet' is not one of mlp, lenet and not package.module:function"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--epochs", "0"], "--epochs (0) must be a positive integer"),
+        (["--devices", "cpu:2", "--data-format", "synthetic", "--xla"], "--xla --variables reduce-device: an XLA cluster reads the variables on its tower's device, and TensorFlow cannot read variables on the reduce device from a tower on another; add --variables replicated"),
     ],
 )
 def test_bad_input_that_needs_tensorflow_to_see(args, message):

@@ -108,6 +108,12 @@ DEFAULT_DATA = os.path.join(
 @click.option("--deterministic", is_flag=True,
               help="TensorFlow op determinism: runs with the same seed and devices "
               "give identical losses.")
+@click.option("--xla", is_flag=True,
+              help="Compile each tower's forward and backward pass with XLA, on the "
+              "tower's device. Needs --variables replicated.")
+@click.option("--mixed-precision", is_flag=True,
+              help="Compute in bfloat16 on CPU towers, float16 on GPU towers (with "
+              "dynamic loss scaling); variables and the loss stay float32.")
 @click.option("--logdir", default=None,
               help="Write TensorBoard scalars here (loss, accuracy, step time each "
               "step; images/s and held-out numbers each epoch).")
@@ -162,6 +168,8 @@ def tower_train(
     resume,
     skip_nonfinite,
     deterministic,
+    xla,
+    mixed_precision,
     logdir,
     profile_steps,
     placement_log,
@@ -189,6 +197,12 @@ def tower_train(
         raise UsageFailure(
             f"--check-replicas {check_replicas} compares replicated variables; "
             "add --variables replicated"
+        )
+    if xla and deterministic:
+        raise UsageFailure(
+            "--xla --deterministic: XLA has no deterministic version of some ops "
+            "(max-pooling gradients, for one) and TensorFlow refuses them mid-run; "
+            "drop one of the two flags"
         )
     for flag, value, least in (
         ("--batch-size", batch_size, 1),
@@ -228,12 +242,13 @@ def tower_train(
             data.eval_batches(info.val_size, batch_size, towers) if info.val_size else 0
         )
 
-    from engine import loop, reducers
+    from engine import loop, precision, reducers
     from engine.checkpoint import CheckpointOptions
     from towers import models, train
 
     try:
         models.resolve(model)
+        compute_dtype = precision.mixed_dtype(placement) if mixed_precision else "float32"
         data_options = data.DataOptions(
             format=info.format,
             train_path=info.train_path,
@@ -250,7 +265,9 @@ def tower_train(
             lr, note = train.default_learning_rate(optimizer, batch_size * towers)
         options = train.TrainOptions(
             data=data_options,
-            model=train.ModelOptions(model, optimizer, lr, seed, note, variable_mode),
+            model=train.ModelOptions(
+                model, optimizer, lr, seed, note, variable_mode, compute_dtype, xla
+            ),
             reducer=reducers.ReducerOptions(reducer, group_size, pack_bytes, compress),
             loop=loop.LoopOptions(
                 epochs, num_steps, eval_steps, metrics_path, check_replicas

@@ -13,7 +13,7 @@ from typing import TextIO
 import keras
 import tensorflow as tf
 
-from engine import data, loop, placement_report, reducers
+from engine import data, loop, loss_scale, placement_report, precision, reducers
 from engine import variables as variables_lib
 from engine.checkpoint import CheckpointError, CheckpointOptions, Checkpoints, PinnedIterator
 from engine.devices import Placement
@@ -63,6 +63,10 @@ class ModelOptions:
       learning_rate_note: how a default learning rate was derived, for the log.
       variables: `reduce-device` (one copy, on the reduce device) or
         `replicated` (a copy per tower, kept identical).
+      compute_dtype: what the layers compute in: `float32`, or with
+        --mixed-precision `bfloat16` (CPU towers) or `float16` (GPU towers,
+        with dynamic loss scaling). Variables and the loss stay float32.
+      xla: compile each tower's forward and backward pass with XLA.
     """
 
     model: str = "mlp"
@@ -71,6 +75,8 @@ class ModelOptions:
     seed: int = 0
     learning_rate_note: str = ""
     variables: str = "reduce-device"
+    compute_dtype: str = "float32"
+    xla: bool = False
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -83,6 +89,17 @@ class ModelOptions:
             raise ValueError(
                 f"--variables {self.variables!r} is not one of "
                 f"{', '.join(variables_lib.MODES)}"
+            )
+        if self.compute_dtype not in precision.COMPUTE_DTYPES:
+            raise ValueError(
+                f"compute dtype {self.compute_dtype!r} is not one of "
+                f"{', '.join(precision.COMPUTE_DTYPES)}"
+            )
+        if self.xla and self.variables == "reduce-device":
+            raise ValueError(
+                "--xla --variables reduce-device: an XLA cluster reads the variables "
+                "on its tower's device, and TensorFlow cannot read variables on the "
+                "reduce device from a tower on another; add --variables replicated"
             )
 
 
@@ -126,9 +143,10 @@ def build(
     keras.utils.set_random_seed(model_options.seed)
 
     def make_model():
-        return models.build(
-            model_options.model, data_options.image_shape, data_options.num_classes
-        )
+        with precision.policy(model_options.compute_dtype):
+            return models.build(
+                model_options.model, data_options.image_shape, data_options.num_classes
+            )
 
     def make_optimizer():
         return OPTIMIZERS[model_options.optimizer](model_options.learning_rate)
@@ -139,6 +157,12 @@ def build(
         ),
         placement=placement,
         reducer=reducers.build(reducer_options, placement),
+        loss_scale=(
+            loss_scale.DynamicLossScale(placement.reduce_device)
+            if precision.needs_loss_scaling(model_options.compute_dtype)
+            else loss_scale.NoLossScale()
+        ),
+        xla=model_options.xla,
     )
     train_iterators = tower_iterators(data_options, placement, training=True)
     held_out = None
@@ -222,7 +246,25 @@ def describe(
             f"  reduce   {placement.reduce_device:<8} variables, {gradients}, "
             f"{model_options.optimizer} update, {lr}"
         )
+    if model_options.compute_dtype != "float32" or model_options.xla:
+        lines.append(compute_line(model_options))
     return "\n".join(lines)
+
+
+def compute_line(model_options: ModelOptions) -> str:
+    """The header line for --mixed-precision and --xla: what the towers compute in."""
+    dtype = model_options.compute_dtype
+    what = dtype
+    if dtype != "float32":
+        scaling = (
+            f"dynamic loss scaling from {loss_scale.INITIAL:g}"
+            if precision.needs_loss_scaling(dtype)
+            else "no loss scaling"
+        )
+        what = f"mixed {dtype} (variables and loss in float32), {scaling}"
+    if model_options.xla:
+        what += ", XLA: each tower's forward and backward compiled on its device"
+    return f"  compute  {what}"
 
 
 class CheckpointWatcher:
