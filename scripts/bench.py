@@ -10,13 +10,20 @@ same DALI-generated synthetic data:
                 distribute_datasets_from_function (DALI's multi-GPU recipe)
   keras-1dev    Keras model.fit on one device with the whole batch N*B
   engine-*      tower-train's step with each variable mode and main reducer
+  engine-replicated-xla, engine-bf16
+                the engine with --xla, and with --mixed-precision (bfloat16)
   engine-1tower tower-train with one tower and the whole batch (the no-split
                 ceiling on a shared host)
-  engine-memory tower-train fed from in-memory tensors instead of DALI
+  engine-memory, engine-1tower-memory
+                the same two fed from in-memory tensors instead of DALI: their
+                ratio is the tower efficiency
 
 Warm-up steps are excluded; each figure is the median of --repeats timed
-runs. Prints a table (images/s, step time, peak RSS, ratio to the recipe) and
-writes bench.json and bench.png under --out.
+runs. Prints a table (images/s, step time, peak RSS, ratio to the recipe),
+the issue's targets met or missed by how much, and tower-train's start-up
+time, and writes bench.json and bench.png under --out. With --dali-sweep it
+measures DALI's thread count and prefetch depth against in-memory data
+instead (dali.json, dali.png).
 
     .venv/bin/python scripts/bench.py --towers 1,2,4 --models mlp,lenet
 """
@@ -24,6 +31,7 @@ writes bench.json and bench.png under --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -59,36 +67,48 @@ def worker(config: dict) -> dict:
     }
 
 
-def dali_options(batch: int):
+def dali_options(batch: int, config: dict | None = None):
+    """The synthetic DALI data every run reads; the engine's own defaults for
+    threads and prefetch unless the configuration sweeps them."""
     from engine import data
 
-    return data.DataOptions(format="synthetic", train_path=None, val_path=None,
-                            batch_size=batch, num_threads=1, prefetch=2)
+    config = config or {}
+    defaults = data.DataOptions(format="synthetic", train_path=None, val_path=None,
+                                batch_size=batch)
+    return dataclasses.replace(
+        defaults,
+        num_threads=config.get("dali_threads", defaults.num_threads),
+        prefetch=config.get("prefetch", defaults.prefetch),
+    )
 
 
 def run_engine(config: dict) -> list[float]:
     import keras
     import tensorflow as tf
 
-    from engine import reducers, variables
+    from engine import precision, reducers, variables
     from engine.devices import DeviceRequest, resolve
     from engine.step import TowerStep
     from towers import models, train
 
-    n = 1 if config["kind"] == "engine-1tower" else config["n"]
+    n = 1 if config["kind"].startswith("engine-1tower") else config["n"]
     batch = config["batch"] * config["n"] // n
     devices = [f"/cpu:{k}" for k in range(n)]
     placement = resolve(DeviceRequest(tuple(devices)), [f"/cpu:{k}" for k in range(max(config["n"], 1))])
     keras.utils.set_random_seed(0)
     mode = config.get("variables", "reduce-device")
+    def make_model():
+        with precision.policy(config.get("dtype", "float32")):
+            return models.build(config["model"], (28, 28, 1), 10)
+
     step = TowerStep(
         variables=variables.make(
-            mode, lambda: models.build(config["model"], (28, 28, 1), 10),
-            lambda: keras.optimizers.Adam(1e-3), placement),
+            mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement),
         placement=placement,
         reducer=reducers.build(reducers.ReducerOptions(config.get("reducer", "central")), placement),
+        xla=config.get("xla", False),
     )
-    if config["kind"] == "engine-memory":
+    if config["kind"].endswith("-memory"):
         iterators = []
         for tower in placement.towers:
             with tf.device(tower.device):
@@ -96,7 +116,7 @@ def run_engine(config: dict) -> list[float]:
                 labels = tf.random.uniform([batch, 1], maxval=10, dtype=tf.int32)
                 iterators.append(iter(tf.data.Dataset.from_tensors((images, labels)).repeat()))
     else:
-        iterators = train.tower_iterators(dali_options(batch), placement, training=True)
+        iterators = train.tower_iterators(dali_options(batch, config), placement, training=True)
     for _ in range(config["warmup"]):
         step.train(iterators)["loss"].numpy()
     times = []
@@ -203,13 +223,45 @@ def configurations(args) -> list[dict]:
                      ("engine-reduce-device-central", dict(variables="reduce-device", reducer="central")),
                      ("engine-replicated-central", dict(variables="replicated", reducer="central")),
                      ("engine-replicated-ring", dict(variables="replicated", reducer="ring")),
-                     ("engine-1tower", {}), ("engine-memory", {})]
+                     ("engine-replicated-xla", dict(variables="replicated", xla=True)),
+                     ("engine-bf16", dict(dtype="bfloat16")),
+                     ("engine-1tower", {}), ("engine-memory", {}),
+                     ("engine-1tower-memory", {})]
             for kind, extra in kinds:
                 out.append({**base, "kind": kind, **extra})
     return out
 
 
-def chart(rows, path):
+def dali_configurations(args) -> list[dict]:
+    """The input sweep: the engine fed by DALI with each thread count and
+    prefetch depth, against the same steps on in-memory tensors."""
+    out = []
+    for model in args.models.split(","):
+        for n in (int(x) for x in args.towers.split(",") if int(x) > 1):
+            base = dict(model=model, n=n, batch=args.batch, steps=args.steps,
+                        warmup=args.warmup, repeats=args.repeats)
+            out.append({**base, "kind": "engine-memory"})
+            for threads in (1, 2, 3):
+                for prefetch in (1, 2, 4):
+                    out.append({**base, "kind": f"engine-dali-t{threads}-p{prefetch}",
+                                "dali_threads": threads, "prefetch": prefetch})
+    return out
+
+
+def startup_seconds(repeats: int) -> list[float]:
+    """Wall time of `tower-train` running one step on real MNIST, end to end:
+    an upper bound of the time from start to the first step."""
+    command = [os.path.join(os.path.dirname(sys.executable), "tower-train"), "--devices",
+               "cpu:2", "--epochs", "1", "--steps-per-epoch", "1", "--eval-steps", "0"]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def chart(rows, path, title):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,19 +278,83 @@ def chart(rows, path):
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
     ax.set_xticklabels([f"{m}, N={n}" for m, n in groups])
     ax.set_ylabel("images/s")
-    ax.set_title("tower-train against the DALI + MirroredStrategy recipe (logical CPU devices)")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.savefig(path, bbox_inches="tight")
+
+
+def measure(configs) -> list[dict]:
+    """Runs each configuration in a fresh process (logical devices are fixed
+    per process) and says each figure as it comes."""
+    rows = []
+    for count, config in enumerate(configs, 1):
+        result = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            print(f"[{count}/{len(configs)}] {config['kind']} N={config['n']} "
+                  f"{config['model']} failed: {result.stderr.strip().splitlines()[-1]}",
+                  file=sys.stderr)
+            continue
+        rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"[{count}/{len(configs)}] {r['kind']:<30} {r['model']:<6} N={r['n']}: "
+              f"{r['images_per_sec']:>9,.0f} images/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def find(rows, kind, model, n):
+    return next((r for r in rows if (r["kind"], r["model"], r["n"]) == (kind, model, n)), None)
+
+
+def table(rows, reference: str) -> list[str]:
+    lines = [f"{'model':<7}{'N':>3} {'run':<30}{'images/s':>10}{'step ms':>9}{'RSS MB':>8}"
+             f"{'vs ' + reference:>14}"]
+    for r in rows:
+        ref = find(rows, reference, r["model"], r["n"])
+        ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
+        lines.append(f"{r['model']:<7}{r['n']:>3} {r['kind']:<30}{r['images_per_sec']:>10,.0f}"
+                     f"{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}{ratio:>14}")
+    return lines
+
+
+def targets(rows) -> list[str]:
+    """Issue 6's targets, each met or missed by how much."""
+    lines = []
+
+    def check(name, value, goal):
+        verdict = "met" if value >= goal else f"MISSED by {goal - value:.2f}"
+        lines.append(f"  {name:<62} {value:5.2f} (target >= {goal}) {verdict}")
+
+    for model, n in sorted({(r["model"], r["n"]) for r in rows if r["n"] > 1}):
+        ref = find(rows, "mirrored", model, n)
+        engines = [r for r in rows if (r["model"], r["n"]) == (model, n)
+                   and r["kind"].startswith("engine-") and "1tower" not in r["kind"]
+                   and "memory" not in r["kind"]]
+        if ref and engines:
+            best = max(engines, key=lambda r: r["images_per_sec"])
+            check(f"{model} N={n}: engine ({best['kind']}) / recipe",
+                  best["images_per_sec"] / ref["images_per_sec"], 1.5)
+        split, whole = find(rows, "engine-memory", model, n), find(rows, "engine-1tower-memory", model, n)
+        if split and whole:
+            check(f"{model} N={n}: {n} towers / 1 tower of {n}x the batch (in memory)",
+                  split["images_per_sec"] / whole["images_per_sec"], 0.95)
+    return lines
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--towers", default="1,2,4")
     parser.add_argument("--models", default="mlp,lenet")
+    parser.add_argument("--kinds", default=None,
+                        help="comma-separated runs to measure (default: all)")
     parser.add_argument("--batch", type=int, default=64, help="per device")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dali-sweep", action="store_true",
+                        help="instead: DALI threads x prefetch against in-memory data")
+    parser.add_argument("--startup", type=int, default=3,
+                        help="times to measure tower-train's start (0: skip)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,30 +362,31 @@ def main():
         print(json.dumps(worker(json.loads(args.worker))))
         return
     os.makedirs(args.out, exist_ok=True)
-    rows = []
-    for config in configurations(args):
-        result = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            print(f"{config['kind']} N={config['n']} {config['model']} failed: "
-                  f"{result.stderr.strip().splitlines()[-1]}", file=sys.stderr)
-            continue
-        rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
-        print(f"measured {r['kind']:<30} {r['model']:<6} N={r['n']}: "
-              f"{r['images_per_sec']:>9,.0f} images/s", file=sys.stderr, flush=True)
-    print(f"{'model':<7}{'N':>3} {'run':<30}{'images/s':>10}{'step ms':>9}{'RSS MB':>8}"
-          f"{'vs recipe':>10}")
-    for r in rows:
-        ref = next((x for x in rows if x["kind"] == "mirrored" and x["n"] == r["n"]
-                    and x["model"] == r["model"]), None)
-        ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
-        print(f"{r['model']:<7}{r['n']:>3} {r['kind']:<30}{r['images_per_sec']:>10,.0f}"
-              f"{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}{ratio:>10}")
-    with open(os.path.join(args.out, "bench.json"), "w") as stream:
-        json.dump(rows, stream, indent=1)
-    chart(rows, os.path.join(args.out, "bench.png"))
-    print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+    configs = dali_configurations(args) if args.dali_sweep else configurations(args)
+    if args.kinds:
+        wanted = args.kinds.split(",")
+        configs = [c for c in configs if c["kind"] in wanted]
+    rows = measure(configs)
+    reference = "engine-memory" if args.dali_sweep else "mirrored"
+    lines = table(rows, reference)
+    if not args.dali_sweep:
+        lines += ["", "targets:", *targets(rows)]
+    report = {"runs": rows}
+    if args.startup:
+        start = startup_seconds(args.startup)
+        report["startup_seconds"] = start
+        worst = max(start)
+        lines += [f"  tower-train start to the end of its first step (cpu:2, real MNIST), "
+                  f"worst of {len(start)}: {worst:.1f} s (target <= 20) "
+                  + ("met" if worst <= 20 else f"MISSED by {worst - 20:.1f} s")]
+    print("\n".join(lines))
+    name = "dali" if args.dali_sweep else "bench"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as stream:
+        json.dump(report, stream, indent=1)
+    chart(rows, os.path.join(args.out, f"{name}.png"),
+          "DALI threads and prefetch against in-memory data" if args.dali_sweep
+          else "tower-train against the DALI + MirroredStrategy recipe (logical CPU devices)")
+    print(f"wrote {args.out}/{name}.json and {args.out}/{name}.png")
 
 
 if __name__ == "__main__":
