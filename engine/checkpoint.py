@@ -45,6 +45,15 @@ class PinnedIterator(trackable.Trackable):
             return self.iterator._restore_from_tensors(restored_tensors)  # noqa: SLF001
 
 
+# Errors of a task that went away while a checkpoint was read.
+LOST_CONNECTION = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.CancelledError,
+    tf.errors.AbortedError,
+)
+
+
 class CheckpointError(RuntimeError):
     """No checkpoint in the directory could be restored; the message is one line."""
 
@@ -115,6 +124,8 @@ class Checkpoints:
                 # Saved values this run has no object for (another tower count,
                 # say) are judged by the caller, not warned about at exit.
                 status.expect_partial()
+            except LOST_CONNECTION:
+                raise  # a worker is gone: not the file's fault, and no older one helps
             except Exception as err:  # a damaged file fails in many ways (IndexError, DataLossError, ...)
                 reason = str(err).strip().splitlines()[0][:160]
                 self.warn(f"checkpoint {path} cannot be restored ({reason}); trying an older one")

@@ -60,6 +60,13 @@ class ClusterOptions:
                 f"{self.source}: {len(chiefs)} chief tasks; the chief is this "
                 "process, so give one address for it"
             )
+        far = [a for _, a in self.remote_tasks() if not _is_loopback(a)]
+        if far and not chiefs:
+            raise ClusterError(
+                f"{self.source}: {far[0]} may be on another host, and it must reach this "
+                "process, which without a chief task is only 'localhost' to it; put "
+                "chief=THIS_HOST:PORT; in front, e.g. 'chief=h0:2223;worker=...'"
+            )
 
     @property
     def local_job(self) -> str:
@@ -110,39 +117,78 @@ def parse(spec: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return _checked(jobs, "--cluster")
 
 
-def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The jobs of a TF_CONFIG value (`{"cluster": {...}, "task": {...}}`).
-
-    Raises:
-      ClusterError: TF_CONFIG is not JSON with a `cluster` of job -> address
-        list, or its `task` is a task other than the chief.
-    """
+def _tf_config(text: str) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], dict]:
+    """(jobs, task) of a TF_CONFIG value (`{"cluster": {...}, "task": {...}}`)."""
     try:
         config = json.loads(text)
         cluster = config["cluster"]
-        jobs = [(str(job), tuple(addresses)) for job, addresses in cluster.items()]
+        # An evaluator runs on its own, outside the cluster (TensorFlow's convention).
+        jobs = [(str(job), tuple(addresses)) for job, addresses in cluster.items()
+                if job != "evaluator"]
         if not all(isinstance(a, str) for _, addresses in jobs for a in addresses):
             raise TypeError("addresses must be strings")
+        task = config.get("task") or {}
+        if not isinstance(task, dict):
+            raise TypeError("task must be an object")
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ClusterError(
             f"TF_CONFIG is not JSON like {{\"cluster\": {{\"worker\": "
             f"[\"h1:2222\", \"h2:2222\"]}}}} ({err}); fix or unset it"
         ) from None
-    task = config.get("task") or {}
+    return _checked(jobs, "TF_CONFIG"), task
+
+
+def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The jobs of a TF_CONFIG value, for tower-train.
+
+    Raises:
+      ClusterError: TF_CONFIG is not JSON with a `cluster` of job -> address
+        list, or its `task` is a task other than the chief.
+    """
+    jobs, task = _tf_config(text)
     if task and task.get("type") != CHIEF:
         raise ClusterError(
             f"TF_CONFIG names this process task {task.get('type')}/{task.get('index')}; "
-            "tower-train runs as the chief or outside the cluster, and workers "
-            "run tower-worker"
+            "tower-train runs as the chief or outside the cluster, and workers run "
+            "tower-worker; unset TF_CONFIG here or give --cluster"
         )
-    return _checked(jobs, "TF_CONFIG")
+    return jobs
+
+
+def own_port(text: str | None) -> int:
+    """The port of the task TF_CONFIG names, for tower-worker.
+
+    Raises:
+      ClusterError: no TF_CONFIG, no such task, or the task is the chief
+        (which is tower-train's).
+    """
+    if not text:
+        raise ClusterError("give --port P (or set TF_CONFIG with this task's address)")
+    jobs, task = _tf_config(text)
+    kind, index = task.get("type"), task.get("index", 0)
+    addresses = dict(jobs).get(kind, ())
+    if kind == CHIEF or not isinstance(index, int) or not 0 <= index < len(addresses):
+        raise ClusterError(
+            f"TF_CONFIG's task {kind}/{index} is not a worker task of its cluster; give "
+            "--port P, or a TF_CONFIG task like {\"type\": \"worker\", \"index\": 0}"
+        )
+    return int(addresses[index].rpartition(":")[2])
+
+
+def valid_port(port: int) -> bool:
+    return 0 < port < 65536
 
 
 def _checked(jobs, source: str):
     for job, addresses in jobs:
+        if job == "localhost":
+            raise ClusterError(
+                f"{source}: the job name 'localhost' is TensorFlow's name for this "
+                "process; call the workers' job 'worker'"
+            )
         for address in addresses:
             match = _ADDRESS.match(address)
-            if not match or not 0 < int(match.group("port")) < 65536:
+            if not match or not valid_port(int(match.group("port"))):
                 raise ClusterError(
                     f"{source}: {job} address {address!r} is not host:port with a "
                     "port in 1..65535"
@@ -151,6 +197,33 @@ def _checked(jobs, source: str):
     if len(set(names)) != len(names):
         raise ClusterError(f"{source}: a job is listed twice in {', '.join(names)}")
     return tuple(jobs)
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def check_chief_port(options: ClusterOptions) -> None:
+    """Refuses a chief address whose port this process cannot listen on.
+
+    Raises:
+      ClusterError: the port is taken.
+    """
+    chiefs = dict(options.jobs).get(CHIEF)
+    if not chiefs:
+        return
+    port = int(chiefs[0].rpartition(":")[2])
+    with socket.socket() as listener:
+        # As gRPC does: connections of an earlier run (TIME_WAIT) do not count.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("", port))
+        except OSError as err:
+            raise ClusterError(
+                f"{options.source}: chief {chiefs[0]} is this process, but port {port} "
+                f"cannot be listened on here ({err.strerror}); pick a free port"
+            ) from None
 
 
 def probe(address: str, timeout: float = 2.0) -> str | None:
@@ -173,6 +246,24 @@ def unreachable(options: ClusterOptions, timeout: float = 2.0) -> list[str]:
         if reason:
             down.append(f"{task} at {address} ({reason})")
     return down
+
+
+def silent(options: ClusterOptions, timeout: float = 3.0) -> list[str]:
+    """`/job:J/task:T at ADDRESS` for each task whose TensorFlow server does
+    not answer a status request (WorkerService/GetStatus, over gRPC like the
+    runtime itself) within `timeout`: a frozen process still accepts TCP
+    connections, but answers nothing."""
+    import grpc
+
+    quiet = []
+    for task, address in options.remote_tasks():
+        with grpc.insecure_channel(address) as channel:
+            status = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
+            try:
+                status(b"", timeout=timeout)  # GetStatusRequest has no fields
+            except grpc.RpcError:
+                quiet.append(f"{task} at {address}")
+    return quiet
 
 
 def wait_for_tasks(

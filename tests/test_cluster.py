@@ -16,7 +16,7 @@ import pytest
 
 from engine import cluster as cluster_lib
 from engine.placement_report import LOCAL_TASK, by_task, load, matrix
-from tests.conftest import BIN, REPO, run_cli
+from conftest import BIN, REPO, run_cli
 
 PARAMETER_BYTES = 407_080  # the mlp's float32 parameters
 
@@ -28,21 +28,22 @@ def free_port() -> int:
 
 
 class Worker:
-    """A tower-worker process on 127.0.0.1, ready once it says it serves."""
+    """A tower-worker process on 127.0.0.1; `ready()` waits for its banner."""
 
-    def __init__(self, cpus: int = 1, port: int | None = None):
+    def __init__(self, log_dir, cpus: int = 1, port: int | None = None):
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.log = open(os.path.join(log_dir, f"worker-{self.port}.log"), "a")
         self.process = subprocess.Popen(
             [os.path.join(BIN, "tower-worker"), "--port", str(self.port), "--cpus", str(cpus)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=REPO, env=quiet_env(),
         )
-        self.banner = self._line(timeout=60)
-        assert "tower-worker: serving" in self.banner, self.banner
 
-    def _line(self, timeout: float) -> str:
+    def ready(self, timeout: float = 60) -> Worker:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        return self.process.stdout.readline() if ready else ""
+        self.banner = self.process.stdout.readline() if ready else ""
+        assert "tower-worker: serving" in self.banner, self.banner
+        return self
 
     def stop(self, timeout: float = 15) -> tuple[int, str]:
         """SIGTERM; returns the exit code and the last words."""
@@ -51,21 +52,37 @@ class Worker:
         return self.process.returncode, out.strip()
 
 
+def quiet_env(**extra: str) -> dict:
+    """The test's environment without TF_CONFIG (the tests name their clusters)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL")}
+    return {**env, **extra}
+
+
 @pytest.fixture
-def start_worker():
-    """Starts workers on demand; whatever is left is killed after the test."""
+def processes(tmp_path):
+    """Starts workers and training runs; whatever is left is killed after the test."""
     started = []
 
-    def start(cpus: int = 1, port: int | None = None) -> Worker:
-        started.append(Worker(cpus, port))
-        return started[-1]
+    class Start:
+        @staticmethod
+        def worker(cpus: int = 1, port: int | None = None) -> Worker:
+            worker = Worker(tmp_path, cpus, port)
+            started.append(worker.process)
+            return worker.ready()
 
-    yield start
-    for worker in started:
-        if worker.process.poll() is None:
-            worker.process.send_signal(signal.SIGCONT)
-            worker.process.kill()
-            worker.process.wait(timeout=15)
+        @staticmethod
+        def train(args: list[str]) -> subprocess.Popen:
+            started.append(subprocess.Popen(
+                [os.path.join(BIN, args[0]), *args[1:]], cwd=REPO, env=quiet_env(),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            return started[-1]
+
+    yield Start
+    for process in reversed(started):  # training runs first, then their workers
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait(timeout=15)
 
 
 def train_args(mnist_dir, cluster: str, devices: str, *extra: str) -> list[str]:
@@ -78,10 +95,10 @@ def read_metrics(path) -> list[dict]:
         return [json.loads(line) for line in stream]
 
 
-def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, start_worker):
+def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, processes):
     """Two towers on two worker processes train exactly as two towers on one
     process: the same shards, the same reduction, the same numbers."""
-    w0, w1 = start_worker(), start_worker()
+    w0, w1 = processes.worker(), processes.worker()
     chief = f"127.0.0.1:{free_port()}"
     common = ["--epochs", "1", "--steps-per-epoch", "300"]
     remote = run_cli(*train_args(
@@ -122,10 +139,10 @@ def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, start_wor
 
 
 @pytest.mark.parametrize("reducer", ["ring", "collective"])
-def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, start_worker, reducer):
+def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, processes, reducer):
     """Replicated variables on three towers over two workers: the all-reduce
     runs between the workers, and the run equals the central one on one host."""
-    w0, w1 = start_worker(), start_worker(cpus=2)
+    w0, w1 = processes.worker(), processes.worker(cpus=2)
     common = ["--epochs", "1", "--steps-per-epoch", "60", "--eval-steps", "0",
               "--variables", "replicated", "--check-replicas", "30"]
     remote = run_cli(*train_args(
@@ -139,18 +156,25 @@ def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, sta
     assert there["loss"] == pytest.approx(here["loss"], rel=1e-5)
 
 
-def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path, start_worker):
-    w0, w1 = start_worker(), start_worker()
-    checkpoints = tmp_path / "ckpt"
-    args = train_args(mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
-                      "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
-                      "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20")
-    run = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (checkpoints / "ckpt-40.index").exists():
+def wait_for_file(run: subprocess.Popen, path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.2)
+
+
+def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path, processes):
+    """The two-host layout (a chief), on loopback: a worker killed mid-run is
+    named within seconds; restarted, the run resumes from its checkpoint with
+    the surviving worker as it was."""
+    w0, w1 = processes.worker(), processes.worker()
+    checkpoints = tmp_path / "ckpt"
+    cluster = f"chief=127.0.0.1:{free_port()};worker={w0.address},{w1.address}"
+    args = train_args(mnist_dir, cluster, "w0/cpu:0,w1/cpu:0",
+                      "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
+                      "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20")
+    run = processes.train(args)
+    wait_for_file(run, checkpoints / "ckpt-40.index")
     w1.process.kill()
     killed = time.monotonic()
     out, err = run.communicate(timeout=60)  # bounded: no hang
@@ -161,22 +185,22 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
         f"tower-train: error: lost /job:worker/task:1 at {w1.address} (Connection refused); "
         f"the last checkpoint is {checkpoints}/ckpt-"
     ), line
-    assert line.endswith("--resume"), line
+    assert line.endswith(" --resume"), line
     assert "once every worker is up again, resume with: tower-train --cluster" in line
     saved = int(line.split("/ckpt-")[1].split(";")[0])
     assert saved >= 40
-    assert w0.stop()[0] == 0  # the surviving worker still stops cleanly
 
-    w0, w1 = start_worker(port=w0.port), start_worker(port=w1.port)
-    resumed = run_cli(*args[:-4], "--steps-per-epoch", "3000", "--checkpoint-dir",
-                      str(checkpoints), "--checkpoint-every", "1000", "--resume",
-                      "--epochs", "1")
+    processes.worker(port=w1.port)  # only the lost worker comes back
+    resumed = run_cli(*args[:-2], "--checkpoint-every", "1000", "--steps-per-epoch",
+                      str(saved + 30), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {checkpoints}/ckpt-{saved} at step {saved}" in resumed.stdout
+    assert f"checkpoint: {checkpoints}/ckpt-{saved + 30}" in resumed.stdout
+    assert w0.stop()[0] == 0  # the surviving worker served both runs and stops cleanly
 
 
-def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, start_worker):
-    up = start_worker()
+def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, processes):
+    up = processes.worker()
     down = f"127.0.0.1:{free_port()}"
     config = {"cluster": {"worker": [up.address, down]}}
     started = time.monotonic()
@@ -184,7 +208,7 @@ def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, start_worke
         [os.path.join(BIN, "tower-train"), "--devices", "w0/cpu:0,w1/cpu:0", "--data",
          mnist_dir, "--connect-timeout", "3"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
-        env={**os.environ, "TF_CONFIG": json.dumps(config)},
+        env=quiet_env(TF_CONFIG=json.dumps(config)),
     )
     assert time.monotonic() - started < 40
     assert result.returncode == 1
@@ -196,30 +220,29 @@ def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, start_worke
     assert f"waiting for /job:worker/task:1 at {down}" in result.stdout
 
 
-def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, start_worker):
+def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, processes):
     """A worker that stops answering (SIGSTOP) would make TensorFlow wait
     forever; the step timeout ends the run and says what it found."""
-    w0, w1 = start_worker(), start_worker()
+    w0, w1 = processes.worker(), processes.worker()
     checkpoints = tmp_path / "ckpt"
     args = train_args(mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
                       "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
                       "--step-timeout", "5", "--checkpoint-dir", str(checkpoints),
                       "--checkpoint-every", "20")
-    run = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (checkpoints / "ckpt-20.index").exists():
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.2)
+    run = processes.train(args)
+    wait_for_file(run, checkpoints / "ckpt-20.index")
+    time.sleep(1)  # past the save, into the steps
     w1.process.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
     out, err = run.communicate(timeout=60)
     assert run.returncode == 1, err
     assert time.monotonic() - frozen < 30
     last = err.strip().splitlines()[-1]
-    assert last.startswith("tower-train: error: a train step has not finished after "), last
-    assert ("(--step-timeout 5); every task still accepts connections, so one of them is "
-            f"stalled; the last checkpoint is {checkpoints}/ckpt-") in last
+    assert last.startswith("tower-train: error: a train step (--step-timeout 5) has not "), last
+    assert (f"(--step-timeout 5) has not finished after" in last
+            and "; accepting connections but not answering TensorFlow (frozen or overloaded): "
+            f"/job:worker/task:1 at {w1.address}; the last checkpoint is {checkpoints}/ckpt-"
+            in last), last
 
 
 @pytest.mark.parametrize(
@@ -238,22 +261,30 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, st
         (["--devices", "w0/cpu:0"],
          {"TF_CONFIG": '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}'},
          "TF_CONFIG names this process task worker/0; tower-train runs as the chief or "
-         "outside the cluster, and workers run tower-worker"),
-        (["--cluster", "worker=h:1", "--devices", "w0/cpu:0", "--step-timeout", "0"], {},
-         "--step-timeout (0) must be positive"),
+         "outside the cluster, and workers run tower-worker; unset TF_CONFIG here or give "
+         "--cluster"),
+        (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--step-timeout", "0"],
+         {}, "--step-timeout (0) must be positive"),
+        (["--cluster", "worker=h1:2222,h2:2222", "--devices", "w0/cpu:0"], {},
+         "--cluster: h1:2222 may be on another host, and it must reach this process, which "
+         "without a chief task is only 'localhost' to it; put chief=THIS_HOST:PORT; in "
+         "front, e.g. 'chief=h0:2223;worker=...'"),
+        (["--cluster", "localhost=127.0.0.1:5", "--devices", "w0/cpu:0"], {},
+         "--cluster: the job name 'localhost' is TensorFlow's name for this process; call "
+         "the workers' job 'worker'"),
     ],
 )
 def test_bad_cluster_input_is_one_line(args, env, message):
     result = subprocess.run([os.path.join(BIN, "tower-train"), *args], capture_output=True,
-                            text=True, timeout=60, cwd=REPO, env={**os.environ, **env})
+                            text=True, timeout=60, cwd=REPO, env=quiet_env(**env))
     assert (result.returncode, result.stderr.strip()) == (2, f"tower-train: error: {message}")
 
 
-def test_worker_refuses_a_bad_or_busy_port(start_worker):
+def test_worker_refuses_a_bad_or_busy_port(processes):
     bad = run_cli("tower-worker", "--port", "70000")
     assert (bad.returncode, bad.stderr.strip()) == (
         2, "tower-worker: error: --port 70000 is not a port; use 1..65535")
-    busy = start_worker()
+    busy = processes.worker()
     again = run_cli("tower-worker", "--port", str(busy.port))
     assert (again.returncode, again.stderr.strip()) == (
         1, f"tower-worker: error: --port {busy.port} is already in use on this host; "

@@ -322,27 +322,28 @@ def _connect(cluster, step_timeout, checkpoint_dir):
     from engine.watchdog import Watchdog
 
     try:
+        cluster_lib.check_chief_port(cluster)
         cluster_lib.wait_for_tasks(cluster, lambda m: click.echo(f"tower-train: {m}"))
     except cluster_lib.ClusterError as err:
         fail("tower-train", str(err), 1)
 
     def overrun(what: str, seconds: float) -> None:
         down = cluster_lib.unreachable(cluster)
-        detail = (
-            f"not answering: {'; '.join(down)}"
-            if down
-            else "every task still accepts connections, so one of them is stalled"
-        )
+        frozen = [] if down else cluster_lib.silent(cluster)
+        if down:
+            detail = f"not answering: {'; '.join(down)}"
+        elif frozen:
+            detail = (f"accepting connections but not answering TensorFlow (frozen or "
+                      f"overloaded): {'; '.join(frozen)}")
+        else:
+            detail = ("every task answers, so the work is slow or the workers cannot "
+                      "reach this process (check the chief address and its port)")
         sys.stdout.flush()
-        click.echo(
-            f"tower-train: error: {what} has not finished after {seconds:.0f} s "
-            f"(--step-timeout {step_timeout:g}); {detail}; {_resume_advice(checkpoint_dir)}",
-            err=True,
-        )
+        click.echo(f"tower-train: error: {what} has not finished after {seconds:.0f} s; "
+                   f"{detail}; {_resume_advice(checkpoint_dir)}", err=True)
         sys.stderr.flush()
-        os._exit(1)  # the training thread is inside TensorFlow, waiting
 
-    return Watchdog(step_timeout, overrun)
+    return Watchdog(step_timeout, overrun, label=f"--step-timeout {step_timeout:g}")
 
 
 def _connector(cluster, watchdog):
@@ -355,8 +356,11 @@ def _connector(cluster, watchdog):
         import tensorflow as tf
 
         # Listing the devices is the first exchange with every task.
-        watchdog.guard("connecting to the cluster", lambda: (
-            cluster_lib.connect(cluster), tf.config.list_logical_devices()))
+        watchdog.guard(
+            f"connecting to the cluster (--connect-timeout {cluster.connect_timeout:g})",
+            lambda: (cluster_lib.connect(cluster), tf.config.list_logical_devices()),
+            timeout=cluster.connect_timeout,
+        )
 
     return connect
 

@@ -267,6 +267,11 @@ def compute_line(model_options: ModelOptions) -> str:
     return f"  compute  {what}"
 
 
+def unguarded(what: str, function, *args):
+    """Runs `function(*args)`: a guard without a deadline, where no watchdog is."""
+    return function(*args)
+
+
 class CheckpointWatcher:
     """Saves every `--checkpoint-every` steps and at the end of every epoch.
 
@@ -274,15 +279,16 @@ class CheckpointWatcher:
     checkpoint holds the held-out position after it, not before.
     """
 
-    def __init__(self, checkpoints: Checkpoints, steps_per_epoch: int, say):
+    def __init__(self, checkpoints: Checkpoints, steps_per_epoch: int, say, guard=None):
         self.checkpoints = checkpoints
+        self.guard = guard or unguarded
         self.steps_per_epoch = steps_per_epoch
         self.say = say
         self.saved_at = -1
 
     def save(self, step: int) -> str:
         if step != self.saved_at:
-            self.checkpoints.save(step)
+            self.guard("saving a checkpoint", self.checkpoints.save, step)
             self.saved_at = step
         return self.checkpoints.latest
 
@@ -358,9 +364,15 @@ def train(
       StopRequested: a signal stopped the run (after a checkpoint was saved).
       NonFiniteError: a loss or gradient was not finite (nothing saved).
 
-    With a `watchdog`, every step runs under its deadline.
+    With a `watchdog`, every step, the building of the towers and every
+    checkpoint save and restore run under its deadline.
     """
-    towers = build(placement, options.data, options.model, options.reducer, info.val_size)
+    # Work that talks to other tasks runs under the watchdog's deadline.
+    guard = watchdog.guard if watchdog else unguarded
+    towers = guard(
+        "building the towers", build,
+        placement, options.data, options.model, options.reducer, info.val_size,
+    )
     model = towers.step.model
     print(describe(placement, options, model, info), file=stream, flush=True)
 
@@ -381,7 +393,7 @@ def train(
             state["held_out"] = [*pinned(towers.held_out.iterators), towers.held_out.position]
         checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
         if options.checkpoints.resume:
-            path = checkpoints.restore()
+            path = guard("restoring a checkpoint", checkpoints.restore)
             saved = run.numpy().decode()
             if path and saved != signature:
                 raise CheckpointError(
@@ -395,7 +407,7 @@ def train(
                 else f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
                 "starting from the beginning"
             )
-        saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say)
+        saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say, guard)
         watchers.append(saver)
     summaries = None
     if options.logdir:

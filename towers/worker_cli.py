@@ -9,7 +9,6 @@ SIGTERM or Ctrl-C stops it, exit code 0.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ import threading
 
 import click
 
+from engine.cluster import probe, valid_port
 from towers.cli_common import OneLineCommand, UsageFailure, fail, import_tensorflow
 
 
@@ -31,17 +31,24 @@ def tower_worker(port, cpus):
     """Serve this machine's devices to tower-train over gRPC."""
     if port is None:
         port = _port_from_tf_config()
-    if not 0 < port < 65536:
+    if not valid_port(port):
         raise UsageFailure(f"--port {port} is not a port; use 1..65535")
     if cpus < 1:
         raise UsageFailure(f"--cpus ({cpus}) must be at least 1")
-    if _in_use(port):
+    if probe(f"127.0.0.1:{port}") is None:
         fail("tower-worker", f"--port {port} is already in use on this host; "
              "stop what serves there or pick another port", 1)
     import_tensorflow()  # the DALI plugin's ops too, before the server starts
     import tensorflow as tf
 
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": cpus})
+    config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": cpus},
+        # As on tower-train's own devices: each collective participant holds
+        # an inter-op thread while it waits (more towers than threads can
+        # deadlock), and DALI allocates GPU memory beside TensorFlow's.
+        inter_op_parallelism_threads=max(len(os.sched_getaffinity(0)), cpus + 2),
+    )
+    config.gpu_options.allow_growth = True
     try:
         tf.distribute.Server(
             tf.train.ClusterSpec({"worker": {0: f"localhost:{port}"}}),
@@ -84,25 +91,12 @@ def _wait_for_stop() -> None:
 
 def _port_from_tf_config() -> int:
     """This task's port from TF_CONFIG's cluster and task."""
-    text = os.environ.get("TF_CONFIG")
-    if not text:
-        raise UsageFailure("give --port P (or set TF_CONFIG with this task's address)")
+    from engine import cluster
+
     try:
-        config = json.loads(text)
-        task = config["task"]
-        address = config["cluster"][task["type"]][int(task["index"])]
-        return int(address.rpartition(":")[2])
-    except (ValueError, KeyError, TypeError, IndexError) as err:
-        raise UsageFailure(
-            f"TF_CONFIG has no address for this task ({err!r}); give --port P, or a "
-            "TF_CONFIG with cluster and task, e.g. {\"cluster\": {\"worker\": "
-            "[\"h1:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
-        ) from None
-
-
-def _in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return cluster.own_port(os.environ.get("TF_CONFIG"))
+    except cluster.ClusterError as err:
+        raise UsageFailure(str(err))
 
 
 def main():
