@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 
-from engine.devices import Tower
+from engine.devices import Tower, task_of
 
 FORMATS = ("caffe2", "folder", "synthetic")
 READER = "Reader"
@@ -55,7 +55,7 @@ class DataOptions:
     image_shape: tuple[int, int, int] = (28, 28, 1)
     num_classes: int = 10
     seed: int = 0
-    num_threads: int = 2
+    num_threads: int = 1
     prefetch: int = 2
     checkpointing: bool = False
 
@@ -68,6 +68,17 @@ class DataOptions:
             raise DataError(f"--batch-size ({self.batch_size}) must be at least 1")
         if self.format != "synthetic" and self.train_path is None:
             raise DataError(f"--data-format {self.format} needs --data")
+
+
+def default_threads(num_towers: int) -> int:
+    """DALI worker threads per tower pipeline when --dali-threads is not given.
+
+    A CPU tower's DALI threads compete with its TensorFlow ops for the same
+    cores; a quarter of the cores per tower, at least one, lost least in
+    `scripts/bench.py --dali-sweep` on a 2-core host (1 thread: 0.76 of the
+    in-memory speed against 0.59 with 2, mlp on 2 towers).
+    """
+    return max(1, len(os.sched_getaffinity(0)) // (4 * num_towers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,8 +313,17 @@ def valid_counts(
 def _require_gpu(tower: Tower) -> None:
     import tensorflow as tf
 
-    if not tf.config.list_physical_devices("GPU"):
+    if tf.config.list_physical_devices("GPU"):
+        return
+    if task_of(tower.device):
+        # DALI will not even construct a GPU pipeline without CUDA, and it
+        # constructs every pipeline here before TensorFlow ships it to the worker.
         raise GpuUnavailableError(
-            f"tower {tower.index} on {tower.device} decodes on the GPU (DALI "
-            "device='mixed'), but this machine has no GPU; use --devices cpu:N"
+            f"tower {tower.index} on {tower.device} decodes on its worker's GPU, but "
+            "DALI builds every pipeline in tower-train's process and needs a GPU "
+            "driver on this machine too; run tower-train on one of the GPU hosts"
         )
+    raise GpuUnavailableError(
+        f"tower {tower.index} on {tower.device} decodes on the GPU (DALI "
+        "device='mixed'), but this machine has no GPU; use --devices cpu:N"
+    )

@@ -128,6 +128,14 @@ def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
         "tower 0 on /gpu:0 decodes on the GPU (DALI device='mixed'), but this "
         "machine has no GPU; use --devices cpu:N"
     )
+    remote = Tower(1, "/job:worker/task:1/gpu:0", 2)
+    with pytest.raises(data.GpuUnavailableError) as err:
+        data.tower_pipeline(options(indexed_lmdb, 8), remote, training=True)
+    assert str(err.value) == (
+        "tower 1 on /job:worker/task:1/gpu:0 decodes on its worker's GPU, but DALI "
+        "builds every pipeline in tower-train's process and needs a GPU driver on "
+        "this machine too; run tower-train on one of the GPU hosts"
+    )
 
 
 @pytest.mark.parametrize(
