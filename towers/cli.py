@@ -128,8 +128,9 @@ DEFAULT_DATA = os.path.join(
               "tower's device.")
 @click.option("--log-device-placement", is_flag=True,
               help="Also turn on TensorFlow's own device placement printout.")
-@click.option("--dali-threads", default=2, show_default=True, type=int,
-              help="DALI worker threads per tower pipeline.")
+@click.option("--dali-threads", default=None, type=int,
+              help="DALI worker threads per tower pipeline. Default: a quarter of "
+              "this host's cores per tower (at least 1), leaving the rest to the towers.")
 @click.option("--prefetch", default=2, show_default=True, type=int,
               help="DALI prefetch queue depth per tower pipeline.")
 @click.option("--cluster", "cluster_spec", default=None,
@@ -206,7 +207,7 @@ def tower_train(
         )
     for flag, value, least in (
         ("--batch-size", batch_size, 1),
-        ("--dali-threads", dali_threads, 1),
+        ("--dali-threads", 1 if dali_threads is None else dali_threads, 1),
         ("--prefetch", prefetch, 1),
     ):
         if value < least:
@@ -256,7 +257,7 @@ def tower_train(
             batch_size=batch_size,
             num_classes=info.num_classes,
             seed=seed,
-            num_threads=dali_threads,
+            num_threads=dali_threads or data.default_threads(towers),
             prefetch=prefetch,
             checkpointing=checkpoint_dir is not None,
         )
