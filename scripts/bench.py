@@ -68,8 +68,9 @@ def worker(config: dict) -> dict:
 
 
 def dali_options(batch: int, config: dict | None = None):
-    """The synthetic DALI data every run reads; the engine's own defaults for
-    threads and prefetch unless the configuration sweeps them."""
+    """The synthetic DALI data every run reads, with tower-train's defaults for
+    N towers (threads, prefetch) unless the configuration sweeps them; the
+    reference recipes get the same."""
     from engine import data
 
     config = config or {}
@@ -77,7 +78,7 @@ def dali_options(batch: int, config: dict | None = None):
                                 batch_size=batch)
     return dataclasses.replace(
         defaults,
-        num_threads=config.get("dali_threads", defaults.num_threads),
+        num_threads=config.get("dali_threads", data.default_threads(config.get("n", 1))),
         prefetch=config.get("prefetch", defaults.prefetch),
     )
 
@@ -117,6 +118,14 @@ def run_engine(config: dict) -> list[float]:
                 iterators.append(iter(tf.data.Dataset.from_tensors((images, labels)).repeat()))
     else:
         iterators = train.tower_iterators(dali_options(batch, config), placement, training=True)
+    if config["kind"].endswith("-memory"):
+        # How many ops a step runs (partitioned graphs exist on the first call
+        # only): per-op overhead is what splitting a small model costs.
+        from engine.placement import collect
+
+        _, metadata = collect(step.train, iterators)
+        config["ops_per_step"] = sum(len(graph.node) for function in metadata.function_graphs
+                                     for graph in function.partition_graphs)
     for _ in range(config["warmup"]):
         step.train(iterators)["loss"].numpy()
     times = []
@@ -181,7 +190,7 @@ def run_keras(config: dict) -> list[float]:
     from towers import models
 
     batch = config["batch"] * config["n"]
-    dataset = tower_dataset(dali_options(batch), Tower(0, "/cpu:0", 1), training=True)
+    dataset = tower_dataset(dali_options(batch, config), Tower(0, "/cpu:0", 1), training=True)
     dataset = dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
     return run_keras_fit(lambda: models.build(config["model"], (28, 28, 1), 10), dataset, config)
 
@@ -199,7 +208,7 @@ def run_mirrored(config: dict) -> list[float]:
     def per_replica(context):
         k = context.input_pipeline_id
         with tf.device(f"/cpu:{k}"):
-            dataset = tower_dataset(dali_options(config["batch"]), Tower(k, f"/cpu:{k}", n),
+            dataset = tower_dataset(dali_options(config["batch"], config), Tower(k, f"/cpu:{k}", n),
                                     training=True)
             return dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
 
@@ -308,12 +317,13 @@ def find(rows, kind, model, n):
 
 def table(rows, reference: str) -> list[str]:
     lines = [f"{'model':<7}{'N':>3} {'run':<30}{'images/s':>10}{'step ms':>9}{'RSS MB':>8}"
-             f"{'vs ' + reference:>14}"]
+             f"{'ops/step':>9}{'vs ' + reference:>20}"]
     for r in rows:
         ref = find(rows, reference, r["model"], r["n"])
         ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
         lines.append(f"{r['model']:<7}{r['n']:>3} {r['kind']:<30}{r['images_per_sec']:>10,.0f}"
-                     f"{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}{ratio:>14}")
+                     f"{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}"
+                     f"{r.get('ops_per_step', '-'):>9}{ratio:>20}")
     return lines
 
 
