@@ -51,3 +51,20 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
     )
+
+
+def digit_iterators(digits, placement, steps: int, batch: int) -> list:
+    """Tower k reads its own slice of the real digits (batches of `batch`,
+    `steps` of them), on its own device: the step without DALI in between."""
+    import numpy as np
+
+    n = len(placement.towers)
+    count = steps * n * batch
+    images = digits.train_images[:count, :, :, None].astype(np.float32) / 255.0
+    labels = digits.train_labels[:count, None].astype(np.int32)
+    iterators = []
+    for k, tower in enumerate(placement.towers):
+        shard = tf.data.Dataset.from_tensor_slices((images[k::n], labels[k::n])).batch(batch)
+        with tf.device(tower.device):
+            iterators.append(iter(shard))
+    return iterators

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_cli
+from conftest import digit_iterators, run_cli
 
 from engine import placement_report, precision
 from engine.devices import DeviceRequest, resolve
@@ -39,17 +39,7 @@ def make_step(
 
 
 def tower_iterators(digits, step, steps=STEPS):
-    """Tower k reads its own slice of the real digits, on its own device."""
-    n = len(step.placement.towers)
-    count = steps * n * BATCH
-    images = digits.train_images[:count, :, :, None].astype(np.float32) / 255.0
-    labels = digits.train_labels[:count, None].astype(np.int32)
-    iterators = []
-    for k, tower in enumerate(step.placement.towers):
-        shard = tf.data.Dataset.from_tensor_slices((images[k::n], labels[k::n])).batch(BATCH)
-        with tf.device(tower.device):
-            iterators.append(iter(shard))
-    return iterators
+    return digit_iterators(digits, step.placement, steps, BATCH)
 
 
 def test_xla_step_gives_the_gradients_of_the_plain_step(digits):
