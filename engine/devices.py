@@ -190,7 +190,11 @@ def resolve(request: DeviceRequest, visible: list[str]) -> Placement:
         )
     for name in names:
         if name not in visible:
-            hint = "" if gpus else " (no GPU here: use --devices cpu:N for N CPU towers)"
+            if task_of(name):
+                hint = (f" (is {task_of(name)} in the cluster? tower-worker --cpus N "
+                        "gives a worker N CPU devices)")
+            else:
+                hint = "" if gpus else " (no GPU here: use --devices cpu:N for N CPU towers)"
             what = f"GPU {split_name(name)[1]}" if name.startswith("/gpu:") else name
             raise DeviceError(
                 f"--devices: {what} does not exist; devices here: {here}{hint}"

@@ -251,6 +251,9 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
         (["--devices", "w1/cpu:0"], {},
          "--devices: /job:worker/task:1/cpu:0 is on another task; name the cluster with "
          "--cluster worker=HOST:PORT,... (or TF_CONFIG)"),
+        (["--devices", "cpu:2", "--reduce-device", "/job:worker/task:0/device:CPU:0"], {},
+         "--reduce-device: /job:worker/task:0/cpu:0 is on another task; name the cluster "
+         "with --cluster worker=HOST:PORT,... (or TF_CONFIG)"),
         (["--cluster", "worker=h1", "--devices", "w0/cpu:0"], {},
          "--cluster: worker address 'h1' is not host:port with a port in 1..65535"),
         (["--cluster", "h1:2222", "--devices", "w0/cpu:0"], {},

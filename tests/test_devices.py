@@ -137,3 +137,13 @@ def test_remote_towers_keep_their_gpu_ordinal_and_task():
     assert [task_of(t.device) for t in placement.towers] == ["/job:worker/task:1",
                                                              "/job:worker/task:0"]
     assert placement.reduce_device == "/job:worker/task:0/cpu:0"
+
+
+def test_missing_remote_device_asks_about_the_cluster():
+    with pytest.raises(DeviceError) as err:
+        resolve(parse_request("w2/cpu:0"), ["/cpu:0", "/job:worker/task:0/cpu:0"])
+    assert str(err.value) == (
+        "--devices: /job:worker/task:2/cpu:0 does not exist; devices here: /cpu:0, "
+        "/job:worker/task:0/cpu:0 (is /job:worker/task:2 in the cluster? tower-worker "
+        "--cpus N gives a worker N CPU devices)"
+    )

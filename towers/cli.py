@@ -295,14 +295,17 @@ def _cluster(spec, connect_timeout, request):
 
     text = os.environ.get("TF_CONFIG") if spec is None else spec
     remote = [
-        name
-        for name in (*(request.towers or ()), request.reduce_device)
+        (flag, name)
+        for flag, names in (("--devices", request.towers or ()),
+                            ("--reduce-device", (request.reduce_device,)))
+        for name in names
         if name and devs.task_of(name)
     ]
     if not text or not text.strip():
         if remote:
+            flag, name = remote[0]
             raise UsageFailure(
-                f"--devices: {remote[0]} is on another task; name the cluster with "
+                f"{flag}: {name} is on another task; name the cluster with "
                 "--cluster worker=HOST:PORT,... (or TF_CONFIG)"
             )
         return None
