@@ -14,6 +14,9 @@ same DALI-generated synthetic data:
                 the engine with --xla, and with --mixed-precision (bfloat16)
   engine-1tower tower-train with one tower and the whole batch (the no-split
                 ceiling on a shared host)
+  engine-dali-only
+                the towers' DALI pipelines alone, batches fetched and dropped:
+                the input's own ceiling on this host
   engine-memory, engine-1tower-memory
                 the same two fed from in-memory tensors instead of DALI: their
                 ratio is the tower efficiency
@@ -126,13 +129,20 @@ def run_engine(config: dict) -> list[float]:
         _, metadata = collect(step.train, iterators)
         config["ops_per_step"] = sum(len(graph.node) for function in metadata.function_graphs
                                      for graph in function.partition_graphs)
+    run = step.train
+    if config["kind"] == "engine-dali-only":
+        # The input alone: every tower's DALI batch fetched and dropped, no
+        # model; the most images/s DALI can give the towers on this host.
+        @tf.function
+        def run(iterators):
+            return {"loss": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])}
     for _ in range(config["warmup"]):
-        step.train(iterators)["loss"].numpy()
+        run(iterators)["loss"].numpy()
     times = []
     for _ in range(config["repeats"]):
         start = time.perf_counter()
         for _ in range(config["steps"]):
-            out = step.train(iterators)
+            out = run(iterators)
         out["loss"].numpy()
         times.append(time.perf_counter() - start)
     return times
@@ -234,7 +244,7 @@ def configurations(args) -> list[dict]:
                      ("engine-replicated-ring", dict(variables="replicated", reducer="ring")),
                      ("engine-replicated-xla", dict(variables="replicated", xla=True)),
                      ("engine-bf16", dict(dtype="bfloat16")),
-                     ("engine-1tower", {}), ("engine-memory", {}),
+                     ("engine-1tower", {}), ("engine-dali-only", {}), ("engine-memory", {}),
                      ("engine-1tower-memory", {})]
             for kind, extra in kinds:
                 out.append({**base, "kind": kind, **extra})
@@ -338,8 +348,8 @@ def targets(rows) -> list[str]:
     for model, n in sorted({(r["model"], r["n"]) for r in rows if r["n"] > 1}):
         ref = find(rows, "mirrored", model, n)
         engines = [r for r in rows if (r["model"], r["n"]) == (model, n)
-                   and r["kind"].startswith("engine-") and "1tower" not in r["kind"]
-                   and "memory" not in r["kind"]]
+                   and r["kind"].startswith("engine-")
+                   and not any(x in r["kind"] for x in ("1tower", "memory", "dali-only"))]
         if ref and engines:
             best = max(engines, key=lambda r: r["images_per_sec"])
             check(f"{model} N={n}: engine ({best['kind']}) / recipe",
