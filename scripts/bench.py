@@ -290,10 +290,12 @@ def chart(rows, path, title):
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(kinds)
+    colors = plt.get_cmap("tab20").colors  # one colour a run, up to 20 runs
     for i, kind in enumerate(kinds):
         values = [next((r["images_per_sec"] for r in rows if (r["model"], r["n"]) == g
                         and r["kind"] == kind), 0) for g in groups]
-        ax.bar([j + i * width for j in range(len(groups))], values, width, label=kind)
+        ax.bar([j + i * width for j in range(len(groups))], values, width, label=kind,
+               color=colors[i % len(colors)])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
     ax.set_xticklabels([f"{m}, N={n}" for m, n in groups])
     ax.set_ylabel("images/s")
