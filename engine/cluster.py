@@ -24,7 +24,8 @@ import socket
 import time
 from collections.abc import Callable
 
-CHIEF = "chief"
+from engine.devices import CHIEF, CLIENT
+
 _JOB = re.compile(r"^[A-Za-z_][\w-]*$")
 _ADDRESS = re.compile(r"^(?P<host>[\w.-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
@@ -71,7 +72,7 @@ class ClusterOptions:
     @property
     def local_job(self) -> str:
         """The job this process is task 0 of."""
-        return CHIEF if CHIEF in dict(self.jobs) else "localhost"
+        return CHIEF if CHIEF in dict(self.jobs) else CLIENT
 
     @property
     def local_cpu(self) -> str:
@@ -181,7 +182,7 @@ def valid_port(port: int) -> bool:
 
 def _checked(jobs, source: str):
     for job, addresses in jobs:
-        if job == "localhost":
+        if job == CLIENT:
             raise ClusterError(
                 f"{source}: the job name 'localhost' is TensorFlow's name for this "
                 "process; call the workers' job 'worker'"
@@ -266,15 +267,13 @@ def silent(options: ClusterOptions, timeout: float = 3.0) -> list[str]:
     return quiet
 
 
-def wait_for_tasks(
-    options: ClusterOptions, say: Callable[[str], None], clock=time.monotonic
-) -> None:
+def wait_for_tasks(options: ClusterOptions, say: Callable[[str], None]) -> None:
     """Returns once every task answers; says which it waits for meanwhile.
 
     Raises:
       ClusterError: a task still does not answer after `connect_timeout`.
     """
-    deadline = clock() + options.connect_timeout
+    deadline = time.monotonic() + options.connect_timeout
     waiting_said = set()
     pending = options.remote_tasks()
     while pending:
@@ -283,7 +282,7 @@ def wait_for_tasks(
             reason = probe(address)
             if reason is None:
                 continue
-            if clock() >= deadline:
+            if time.monotonic() >= deadline:
                 raise ClusterError(
                     f"{options.source}: {task} at {address} does not answer ({reason}) "
                     f"after {options.connect_timeout:g} s; start it there with: "
@@ -303,10 +302,6 @@ def connect(options: ClusterOptions) -> None:
     """Connects this process to the cluster; the workers' devices become visible."""
     import tensorflow as tf
 
-    spec = options.spec()
-    if options.local_job == CHIEF:
-        tf.config.experimental_connect_to_cluster(
-            tf.train.ClusterSpec(spec), job_name=CHIEF, task_index=0
-        )
-    else:
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+    tf.config.experimental_connect_to_cluster(
+        tf.train.ClusterSpec(options.spec()), job_name=options.local_job, task_index=0
+    )

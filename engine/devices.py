@@ -23,7 +23,9 @@ _NAME = re.compile(
 _SHORT = re.compile(r"^w(?P<task>\d+)/(?P<kind>cpu|gpu):(?P<ordinal>\d+)$", re.IGNORECASE)
 # Jobs whose task 0 is this process: `localhost` when it only connects to a
 # cluster, `chief` when the cluster names it (TensorFlow's convention).
-LOCAL_JOBS = ("localhost", "chief")
+CLIENT = "localhost"
+CHIEF = "chief"
+LOCAL_JOBS = (CLIENT, CHIEF)
 _CPU_SPLIT = re.compile(r"^cpu:(-?\d+)$", re.IGNORECASE)
 
 
