@@ -164,6 +164,17 @@ def wait_for_file(run: subprocess.Popen, path, seconds: float = 120) -> None:
         time.sleep(0.2)
 
 
+def last_error_after(run: subprocess.Popen, fault) -> str:
+    """Does `fault()` to a running training; asserts the run then ends with
+    exit 1 within 30 s (no hang) and returns its last line on stderr."""
+    fault()
+    started = time.monotonic()
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    assert time.monotonic() - started < 30
+    return err.strip().splitlines()[-1]
+
+
 def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path, processes):
     """The two-host layout (a chief), on loopback: a worker killed mid-run is
     named within seconds; restarted, the run resumes from its checkpoint with
@@ -176,12 +187,7 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
                       "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20")
     run = processes.train(args)
     wait_for_file(run, checkpoints / "ckpt-40.index")
-    w1.process.kill()
-    killed = time.monotonic()
-    out, err = run.communicate(timeout=60)  # bounded: no hang
-    assert run.returncode == 1, err
-    assert time.monotonic() - killed < 30
-    line = err.strip().splitlines()[-1]
+    line = last_error_after(run, w1.process.kill)
     assert line.startswith(
         f"tower-train: error: lost /job:worker/task:1 at {w1.address} (Connection refused); "
         f"the last checkpoint is {checkpoints}/ckpt-"
@@ -232,13 +238,7 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
                       "--checkpoint-every", "20")
     run = processes.train(args)
     wait_for_file(run, checkpoints / "ckpt-20.index")
-    time.sleep(1)  # past the save, into the steps
-    w1.process.send_signal(signal.SIGSTOP)
-    frozen = time.monotonic()
-    out, err = run.communicate(timeout=60)
-    assert run.returncode == 1, err
-    assert time.monotonic() - frozen < 30
-    last = err.strip().splitlines()[-1]
+    last = last_error_after(run, lambda: w1.process.send_signal(signal.SIGSTOP))
     # Saves come every 20 steps, so the freeze lands in a step or in a save:
     # both wait on the worker, and both are under the deadline.
     assert re.match(
