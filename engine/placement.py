@@ -93,6 +93,11 @@ def _takes_resource(op_type: str) -> bool:
 # rewrites (an AddN that merges a chain of adds, say) create nodes that are not
 # in the traced graph; their shape is read off their inputs.
 ELEMENTWISE = ("AddN", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Cast", "Identity", "Neg")
+# Ops that pass their first input on unchanged: the Switch that lowering a
+# tf.cond puts in front of a branch's input (a gradient sent to the update
+# inside the non-finite skip, when grappler dropped the mean of one tower),
+# and the frames of a lowered while loop.
+FORWARDS_FIRST_INPUT = ("Switch", "Enter", "Exit", "Snapshot", "StopGradient")
 
 
 def _static_shape(
@@ -113,15 +118,17 @@ def _static_shape(
         node = (optimized or {}).get(name)
         if node is not None and node.op == "Const":  # a constant grappler folded
             return [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
-        if node is None or node.op not in ELEMENTWISE or depth == 0:
+        if node is None or depth == 0:
+            return None
+        if node.op in FORWARDS_FIRST_INPUT:
+            inputs = node.input[:1]
+        elif node.op in ELEMENTWISE:
+            inputs = [i for i in node.input if not i.startswith("^")]
+        else:
             return None
         shapes = {
             tuple(s)
-            for s in (
-                _static_shape(graph, i, optimized, depth - 1)
-                for i in node.input
-                if not i.startswith("^")
-            )
+            for s in (_static_shape(graph, i, optimized, depth - 1) for i in inputs)
             if s is not None
         }
         return list(shapes.pop()) if len(shapes) == 1 else None
@@ -160,6 +167,8 @@ def records(
         }
         optimized = {node.name: node for node in function_graph.post_optimization_graph.node}
         for partition in function_graph.partition_graphs:
+            # Partitioning adds nodes of its own (lowered control flow).
+            optimized.update((node.name, node) for node in partition.node)
             ops_by_name = {node.name: node.op for node in partition.node}
             for node in partition.node:
                 if node.op in RECVS:

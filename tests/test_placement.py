@@ -254,3 +254,34 @@ def test_log_device_placement_passes_through_to_tensorflow():
     placer = "(DALIDataset): /job:localhost/replica:0/task:0/device:CPU:1"
     assert placer not in plain.stderr
     assert placer in printed.stderr
+
+
+def test_gradients_sent_into_the_update_have_their_size():
+    """One tower off the reduce device: its mean is the gradient itself, so the
+    gradients cross devices inside the non-finite skip's cond, behind the
+    Switch that lowering the cond adds (seen on a GPU tower): their size is
+    still known, and the step moves the parameters both ways."""
+    from engine.devices import DeviceRequest, resolve
+
+    placement_ = resolve(DeviceRequest(("/cpu:1",), reduce_device="/cpu:0"),
+                         [f"/cpu:{k}" for k in range(2)])
+    variables = ReduceDeviceVariables(
+        lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")]),
+        lambda: keras.optimizers.SGD(0.1),
+        placement_,
+    )
+    step = TowerStep(variables=variables, placement=placement_, reducer=Central("/cpu:0"))
+    with tf.device("/cpu:1"):
+        data = tf.data.Dataset.from_tensors((tf.ones([8, 4]), tf.zeros([8, 1], tf.int32)))
+        iterators = [iter(data.repeat())]
+    _, metadata = placement.collect(step.train, iterators)
+    entries = placement.records(metadata, "train", placement_.devices,
+                                step.train.get_concrete_function(iterators).graph)
+    transfers = [e for e in entries if e["kind"] == "transfer" and not e["control"]]
+    assert [t for t in transfers if t["bytes"] is None] == []
+    sent = {}
+    for t in transfers:
+        sent[t["src"], t["dst"]] = sent.get((t["src"], t["dst"]), 0) + t["bytes"]
+    parameters = 4 * (4 * 3 + 3)
+    assert parameters <= sent["/cpu:0", "/cpu:1"] <= parameters + 64
+    assert parameters <= sent["/cpu:1", "/cpu:0"] <= parameters + 64
