@@ -26,7 +26,11 @@ _SHORT = re.compile(r"^w(?P<task>\d+)/(?P<kind>cpu|gpu):(?P<ordinal>\d+)$", re.I
 CLIENT = "localhost"
 CHIEF = "chief"
 LOCAL_JOBS = (CLIENT, CHIEF)
-_CPU_SPLIT = re.compile(r"^cpu:(-?\d+)$", re.IGNORECASE)
+# `cpu:N` splits the host CPU, `gpu:N` GPU 0, into N logical devices.
+_SPLIT = re.compile(r"^(?P<kind>cpu|gpu):(?P<count>-?\d+)$", re.IGNORECASE)
+# Memory each logical GPU of `gpu:N` may take, unless told otherwise: enough
+# for the model zoo at large batches, small enough for eight on any data-centre GPU.
+DEFAULT_GPU_MEMORY_MB = 4096
 
 
 class DeviceError(ValueError):
@@ -44,11 +48,16 @@ class DeviceRequest:
         TensorFlow initialises (`cpu:N`), or None to leave it whole.
       reduce_device: canonical name of the device that holds the variables and
         averages the gradients, or None for the default (`/cpu:0`).
+      logical_gpus: split GPU 0 into this many logical GPUs before TensorFlow
+        initialises (`gpu:N`), or None to leave it whole.
+      gpu_memory_mb: the memory limit of each logical GPU of `gpu:N`.
     """
 
     towers: tuple[str, ...] | None
     logical_cpus: int | None = None
     reduce_device: str | None = None
+    logical_gpus: int | None = None
+    gpu_memory_mb: int = DEFAULT_GPU_MEMORY_MB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +68,23 @@ class Tower:
       index: position of the tower, also its DALI `shard_id`.
       device: canonical TensorFlow device name, e.g. `/gpu:1` or `/cpu:0`.
       num_towers: how many towers there are, also DALI's `num_shards`.
+      physical_gpu: the CUDA device a logical GPU tower runs on, when it
+        differs from the ordinal in its name (`gpu:N` makes N logical GPUs
+        of GPU 0); None otherwise.
     """
 
     index: int
     device: str
     num_towers: int
+    physical_gpu: int | None = None
 
     @property
     def gpu_index(self) -> int | None:
         """The CUDA device ordinal of a GPU tower (DALI's `device_id`), else None."""
         kind, ordinal = split_name(self.device)
-        return ordinal if kind == "gpu" else None
+        if kind != "gpu":
+            return None
+        return ordinal if self.physical_gpu is None else self.physical_gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +97,18 @@ class Placement:
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(t.device for t in self.towers)
+
+    def shared_gpus(self) -> dict[int, list[str]]:
+        """Physical GPUs that carry more than one tower: {CUDA ordinal: towers}.
+
+        Only this process's GPUs are known; a worker's are taken as they are named.
+        """
+        by_gpu: dict[tuple[str | None, int], list[str]] = {}
+        for tower in self.towers:
+            if tower.gpu_index is not None:
+                key = (task_of(tower.device), tower.gpu_index)
+                by_gpu.setdefault(key, []).append(tower.device)
+        return {gpu: names for (_, gpu), names in by_gpu.items() if len(names) > 1}
 
 
 def canonical(name: str) -> str | None:
@@ -117,13 +144,30 @@ def task_of(name: str) -> str | None:
     return head or None
 
 
-def parse_request(devices: str, reduce_device: str | None = None) -> DeviceRequest:
-    """Parses `--devices` and `--reduce-device` without touching TensorFlow.
+def parse_request(
+    devices: str, reduce_device: str | None = None, gpu_memory_mb: int | None = None
+) -> DeviceRequest:
+    """Parses `--devices`, `--reduce-device` and `--gpu-memory` without
+    touching TensorFlow.
 
     Raises:
-      DeviceError: for an empty spec, a malformed item, a duplicate, or N < 1.
+      DeviceError: for an empty spec, a malformed item, a duplicate, N < 1,
+        or a memory limit without a GPU split.
     """
-    spec = devices.strip()
+    request = _parse_towers(devices.strip(), reduce_device)
+    if gpu_memory_mb is None:
+        return request
+    if request.logical_gpus is None:
+        raise DeviceError(
+            f"--gpu-memory {gpu_memory_mb} sets the memory of each logical GPU of "
+            "--devices gpu:N; add --devices gpu:N or drop --gpu-memory"
+        )
+    if gpu_memory_mb < 1:
+        raise DeviceError(f"--gpu-memory ({gpu_memory_mb}) must be at least 1 (MiB)")
+    return dataclasses.replace(request, gpu_memory_mb=gpu_memory_mb)
+
+
+def _parse_towers(spec: str, reduce_device: str | None) -> DeviceRequest:
     reduce_name = None
     if reduce_device is not None:
         reduce_name = canonical(reduce_device)
@@ -139,15 +183,16 @@ def parse_request(devices: str, reduce_device: str | None = None) -> DeviceReque
         )
     if spec.lower() == "all":
         return DeviceRequest(towers=None, reduce_device=reduce_name)
-    split = _CPU_SPLIT.match(spec)
+    split = _SPLIT.match(spec)
     if split:
-        count = int(split.group(1))
+        kind, count = split.group("kind").lower(), int(split.group("count"))
         if count < 1:
             raise DeviceError(
-                f"--devices {spec!r}: N must be at least 1 for cpu:N, got {count}"
+                f"--devices {spec!r}: N must be at least 1 for {kind}:N, got {count}"
             )
-        towers = tuple(f"/cpu:{k}" for k in range(count))
-        return DeviceRequest(towers, logical_cpus=count, reduce_device=reduce_name)
+        towers = tuple(f"/{kind}:{k}" for k in range(count))
+        key = "logical_cpus" if kind == "cpu" else "logical_gpus"
+        return DeviceRequest(towers, reduce_device=reduce_name, **{key: count})
 
     towers = []
     for item in (part.strip() for part in spec.split(",")):
@@ -170,12 +215,16 @@ def parse_request(devices: str, reduce_device: str | None = None) -> DeviceReque
     return DeviceRequest(tuple(towers), reduce_device=reduce_name)
 
 
-def resolve(request: DeviceRequest, visible: list[str]) -> Placement:
+def resolve(
+    request: DeviceRequest, visible: list[str], physical: dict[str, int] | None = None
+) -> Placement:
     """Checks a request against the devices that exist and fixes the towers.
 
     Args:
       request: the parsed request.
       visible: canonical names of the logical devices TensorFlow sees.
+      physical: the CUDA ordinal of each local logical GPU whose name says
+        otherwise (logical GPUs of a split GPU); see `logical_gpu_map`.
 
     Raises:
       DeviceError: naming the missing device and listing those that exist.
@@ -206,7 +255,10 @@ def resolve(request: DeviceRequest, visible: list[str]) -> Placement:
         raise DeviceError(
             f"--reduce-device {reduce_device} does not exist; devices here: {here}"
         )
-    towers = tuple(Tower(i, name, len(names)) for i, name in enumerate(names))
+    physical = physical or {}
+    towers = tuple(
+        Tower(i, name, len(names), physical.get(name)) for i, name in enumerate(names)
+    )
     return Placement(towers=towers, reduce_device=reduce_device)
 
 
@@ -240,9 +292,19 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
 
     logical_cpus = request.logical_cpus
     gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
+    physical = {}
+    if request.logical_gpus is not None:
+        if not gpus:
+            raise DeviceError(
+                f"--devices gpu:{request.logical_gpus} splits GPU 0 into logical GPUs, "
+                "but this machine has no GPU; use --devices cpu:N for N CPU towers"
+            )
+        split_gpu(request.logical_gpus, request.gpu_memory_mb)
+        physical = logical_gpu_map(request.logical_gpus, len(gpus))
+    for gpu in gpus[1 if request.logical_gpus is not None else 0:]:
         # DALI allocates GPU memory of its own beside TensorFlow's: let
         # TensorFlow grow into the memory it needs instead of taking it all.
+        # (A split GPU has fixed limits instead; TensorFlow allows no growth there.)
         tf.config.experimental.set_memory_growth(gpu, True)
     if request.towers is None and not gpus and connect is None:
         logical_cpus = default_cpu_towers()
@@ -251,7 +313,31 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
     if connect is not None:
         connect()
     visible = [canonical(d.name) for d in tf.config.list_logical_devices()]
-    return resolve(request, [d for d in visible if d is not None])
+    return resolve(request, [d for d in visible if d is not None], physical)
+
+
+def logical_gpu_map(split: int, physical_gpus: int) -> dict[str, int]:
+    """{logical GPU name: CUDA ordinal} when GPU 0 is split into `split`
+    logical GPUs: TensorFlow numbers them first, then the other GPUs."""
+    ordinals = [0] * split + list(range(1, physical_gpus))
+    return {f"/gpu:{k}": ordinal for k, ordinal in enumerate(ordinals)}
+
+
+def split_gpu(count: int, memory_mb: int) -> None:
+    """Splits GPU 0 into `count` logical GPUs of `memory_mb` each, once per process."""
+    import tensorflow as tf
+
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * count
+    try:
+        tf.config.set_logical_device_configuration(gpu, wanted)
+    except RuntimeError as err:
+        have = len(tf.config.list_logical_devices("GPU"))
+        if have != count + len(tf.config.list_physical_devices("GPU")) - 1:
+            raise DeviceError(
+                f"cannot split GPU 0 into {count} devices: TensorFlow is already "
+                f"initialised with {have} GPU(s); split once per process, before use"
+            ) from err
 
 
 def split_host_cpu(count: int) -> None:

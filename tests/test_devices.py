@@ -6,6 +6,7 @@ from engine.devices import (
     DeviceError,
     DeviceRequest,
     canonical,
+    logical_gpu_map,
     parse_request,
     resolve,
     task_of,
@@ -51,6 +52,25 @@ def test_cpu_split_makes_n_logical_cpu_towers():
     assert request.logical_cpus == 4
 
 
+def test_gpu_split_makes_n_logical_gpu_towers_on_gpu_0():
+    request = parse_request("gpu:4")
+    assert request.towers == ("/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3")
+    assert (request.logical_gpus, request.logical_cpus) == (4, None)
+    assert request.gpu_memory_mb == 4096
+    assert parse_request("GPU:2", None, 1500).gpu_memory_mb == 1500
+
+
+def test_logical_gpus_read_through_their_physical_gpu():
+    """GPU 0 split in three on a host with two GPUs: TensorFlow numbers the
+    logical GPUs first; DALI's device_id is the physical GPU."""
+    assert logical_gpu_map(3, 2) == {"/gpu:0": 0, "/gpu:1": 0, "/gpu:2": 0, "/gpu:3": 1}
+    visible = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"]
+    placement = resolve(parse_request("2,3,0"), visible, logical_gpu_map(3, 2))
+    assert [t.gpu_index for t in placement.towers] == [0, 1, 0]
+    assert placement.shared_gpus() == {0: ["/gpu:2", "/gpu:0"]}
+    assert resolve(parse_request("0,1"), GPU4).shared_gpus() == {}
+
+
 def test_all_defers_to_what_exists():
     assert parse_request("all") == DeviceRequest(towers=None)
     assert resolve(parse_request("all"), GPU4).devices == (
@@ -82,11 +102,26 @@ def test_reduce_device_defaults_to_host_cpu():
         ("cpu:-2", r"N must be at least 1 for cpu:N, got -2"),
         ("0,x", r"^--devices '0,x': 'x' is not a GPU index or a device name"),
         ("cpu:2,0", r"'cpu:2' is not a GPU index or a device name"),
+        ("gpu:0", r"^--devices 'gpu:0': N must be at least 1 for gpu:N, got 0$"),
     ],
 )
 def test_malformed_specs_are_refused_with_the_value(spec, message):
     with pytest.raises(DeviceError, match=message):
         parse_request(spec)
+
+
+@pytest.mark.parametrize(
+    "devices, memory, message",
+    [
+        ("cpu:2", 2048, "--gpu-memory 2048 sets the memory of each logical GPU of "
+         "--devices gpu:N; add --devices gpu:N or drop --gpu-memory"),
+        ("gpu:2", 0, "--gpu-memory (0) must be at least 1 (MiB)"),
+    ],
+)
+def test_gpu_memory_belongs_to_a_gpu_split(devices, memory, message):
+    with pytest.raises(DeviceError) as err:
+        parse_request(devices, None, memory)
+    assert str(err.value) == message
 
 
 def test_bad_reduce_device_name_is_refused():

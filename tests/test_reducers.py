@@ -186,6 +186,20 @@ def test_nccl_refuses_cpu_towers_with_a_clear_error():
     )
 
 
+def test_nccl_refuses_towers_that_share_a_physical_gpu():
+    from engine.devices import logical_gpu_map, parse_request, resolve
+
+    visible = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2"]
+    placement_ = resolve(parse_request("gpu:3"), visible, logical_gpu_map(3, 1))
+    with pytest.raises(ReducerError) as err:
+        reducers.build(ReducerOptions("nccl"), placement_)
+    assert str(err.value) == (
+        "--reducer nccl: towers /gpu:0, /gpu:1, /gpu:2 share physical GPU 0, and NCCL "
+        "needs one GPU per tower (it would wait forever); use --reducer ring, tree or "
+        "collective"
+    )
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -84,7 +84,7 @@ def build(options: ReducerOptions, placement: Placement) -> Reducer:
     elif options.name == "collective":
         reducer = Collective(devices)
     elif options.name == "nccl":
-        reducer = Nccl(devices)
+        reducer = Nccl(placement)
     else:
         reducer = load_function(options.name, "--reducer", ReducerError)
     if options.compress and options.name not in _HOP_BY_HOP:
