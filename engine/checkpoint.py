@@ -2,11 +2,13 @@
 
 A checkpoint holds the variables and optimizer slots (every replica's, with
 replicated variables), the global step and skipped-step count, the epoch's
-running sums, the held-out position, and the towers' DALI iterators: CPU
-pipelines are built with `enable_checkpointing=True`, so the data stream
-continues with exactly the next batches. GPU pipelines cannot be checkpointed
-through the TensorFlow plugin; their readers start again at the beginning of
-their shards after a resume.
+running sums, the held-out position, and the CPU towers' DALI iterators:
+CPU pipelines are built with `enable_checkpointing=True`, so the data stream
+continues with exactly the next batches. A GPU tower's iterator cannot be
+saved (TensorFlow's SerializeIterator has no GPU kernel, and a DALIDataset
+that decodes on the GPU lives there), so at resume its reader is replayed:
+a new pipeline, seeded as before, reads and drops as many batches as the run
+had taken (`replay`), which puts it at the same position.
 
 `tf.train.CheckpointManager` writes the data and index files first and the
 `checkpoint` state file last, so a checkpoint that was being written when the
@@ -43,6 +45,40 @@ class PinnedIterator(trackable.Trackable):
     def _restore_from_tensors(self, restored_tensors):
         with tf.device(self.device):
             return self.iterator._restore_from_tensors(restored_tensors)  # noqa: SLF001
+
+
+def saveable_iterators(towers, iterators) -> dict:
+    """The iterators a checkpoint can hold, by tower: the CPU towers'."""
+    return {
+        f"tower_{tower.index}": PinnedIterator(iterator, tower.device)
+        for tower, iterator in zip(towers, iterators)
+        if tower.gpu_index is None
+    }
+
+
+def replay(
+    iterators, devices, batches: int, progress: Callable[[int], None] | None = None,
+    chunk: int = 500,
+) -> None:
+    """Reads and drops `batches` batches from every iterator, each on its
+    device, all towers together; reports the batches done after each chunk."""
+    if not iterators or batches <= 0:
+        return
+
+    @tf.function
+    def skip(count):
+        for _ in tf.range(count):
+            for iterator, device in zip(iterators, devices):
+                with tf.device(device):
+                    next(iterator)
+
+    done = 0
+    while done < batches:
+        count = min(chunk, batches - done)
+        skip(tf.constant(count, tf.int64))
+        done += count
+        if progress is not None:
+            progress(done)
 
 
 # Errors of a task that went away while a checkpoint was read.

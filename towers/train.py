@@ -15,7 +15,13 @@ import tensorflow as tf
 
 from engine import data, loop, loss_scale, placement_report, precision, reducers
 from engine import variables as variables_lib
-from engine.checkpoint import CheckpointError, CheckpointOptions, Checkpoints, PinnedIterator
+from engine.checkpoint import (
+    CheckpointError,
+    CheckpointOptions,
+    Checkpoints,
+    replay,
+    saveable_iterators,
+)
 from engine.devices import Placement
 from engine.guard import NonFiniteError, NonFiniteGuard
 from engine.placement import PlacementLog, RunInfo
@@ -202,6 +208,14 @@ class TrainOptions:
     logdir: str | None = None
     profile_steps: tuple[int, int] | None = None
 
+    def __post_init__(self):
+        per_loop = self.loop.steps_per_loop
+        if self.checkpoints.every % per_loop:
+            raise ValueError(
+                f"--checkpoint-every {self.checkpoints.every} is not a multiple of "
+                f"--steps-per-loop {per_loop}; checkpoints are saved between loops"
+            )
+
 
 def describe(
     placement: Placement, options: TrainOptions, model: keras.Model, info: data.DatasetInfo
@@ -318,6 +332,46 @@ class SignalWatcher:
             self.stop.check(step)
 
 
+def replay_gpu_readers(placement: Placement, towers: Towers, say) -> str:
+    """Puts the GPU towers' readers where the restored run left them, by
+    reading and dropping the batches it had taken; returns what to add to
+    the resume line.
+
+    Every train step takes one batch per tower, so the run had taken
+    `global_step` batches; a held-out pass is `eval_batches` batches and
+    repeats, so only the position within it is replayed.
+    """
+    gpu = [t for t in placement.towers if t.gpu_index is not None]
+    if not gpu:
+        return ""
+    devices = [t.device for t in gpu]
+    steps = int(towers.step.global_step.numpy())
+    splits = [(towers.train_iterators, steps)]
+    held_out = towers.held_out
+    if held_out is not None:
+        per_pass = data.eval_batches(held_out.size, held_out.batch_size, held_out.num_towers)
+        splits.append((held_out.iterators, int(held_out.position.numpy()) % per_pass))
+    total = sum(batches for _, batches in splits)
+    if total >= REPLAY_PROGRESS:
+        say(f"replaying {total:,} batches on the GPU towers' readers to the saved position")
+    for iterators, batches in splits:
+        chosen = [iterators[t.index] for t in gpu]
+
+        def progress(done: int, batches: int = batches) -> None:
+            if total >= REPLAY_PROGRESS:
+                say(f"  {done:,}/{batches:,} batches")
+
+        replay(chosen, devices, batches, progress)
+    names = ", ".join(str(t.index) for t in gpu)
+    return (f"; GPU tower{'s' * (len(gpu) > 1)} {names} replayed {total:,} batches to "
+            "that data position (DALI cannot save a GPU pipeline's position)")
+
+
+# Replays shorter than this many batches take about a second; longer ones
+# show progress.
+REPLAY_PROGRESS = 2000
+
+
 def run_signature(placement: Placement, options: TrainOptions) -> str:
     """What a checkpoint's data position and variables only fit: the towers,
     the batch, the data and the model."""
@@ -384,13 +438,13 @@ def train(
     if options.checkpoints.directory:
         signature = run_signature(placement, options)
         run = tf.Variable(signature, trainable=False)
-        def pinned(iterators):
-            return [PinnedIterator(i, t.device) for i, t in zip(iterators, placement.towers)]
-
-        state = {**towers.step.trackables(), "train_data": pinned(towers.train_iterators),
-                 "run": run}
+        state = {**towers.step.trackables(), "run": run,
+                 "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
         if towers.held_out is not None:
-            state["held_out"] = [*pinned(towers.held_out.iterators), towers.held_out.position]
+            state["held_out"] = [
+                saveable_iterators(placement.towers, towers.held_out.iterators),
+                towers.held_out.position,
+            ]
         checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
         if options.checkpoints.resume:
             path = guard("restoring a checkpoint", checkpoints.restore)
@@ -401,12 +455,13 @@ def train(
                     f"{signature}; resume with the same --devices, --batch-size, --data "
                     "and --model"
                 )
-            say(
-                f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
-                if path
-                else f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
-                "starting from the beginning"
-            )
+            if path:
+                say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
+                    + guard("replaying the GPU towers' readers", replay_gpu_readers,
+                            placement, towers, say))
+            else:
+                say(f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
+                    "starting from the beginning")
         saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say, guard)
         watchers.append(saver)
     summaries = None
