@@ -26,6 +26,11 @@ class LoopOptions:
       check_replicas: with replicated variables, compare the copies every this
         many steps (0: never) and stop if they differ by more than
         `replica_tolerance`.
+      steps_per_loop: training steps per call of the compiled step (Orbit's
+        `steps_per_loop`, Keras' `steps_per_execution`): the host dispatches
+        and looks at the run (progress, checkpoints, signals, the
+        non-finite guard) once per loop, which ends early at an epoch's end
+        or a non-finite step.
     """
 
     epochs: int
@@ -34,6 +39,7 @@ class LoopOptions:
     metrics_path: str | None = None
     check_replicas: int = 0
     replica_tolerance: float = 1e-6
+    steps_per_loop: int = 1
 
     def __post_init__(self):
         for name in ("epochs", "steps_per_epoch"):
@@ -45,6 +51,16 @@ class LoopOptions:
             raise ValueError(f"--eval-steps ({self.eval_steps}) must be 0 or more")
         if self.check_replicas < 0:
             raise ValueError(f"--check-replicas ({self.check_replicas}) must be 0 or more")
+        if self.steps_per_loop < 1:
+            raise ValueError(
+                f"--steps-per-loop ({self.steps_per_loop}) must be a positive integer"
+            )
+        if self.check_replicas % self.steps_per_loop:
+            raise ValueError(
+                f"--check-replicas {self.check_replicas} is not a multiple of "
+                f"--steps-per-loop {self.steps_per_loop}; the replicas are compared "
+                "between loops"
+            )
 
 
 def plain_call(kind: str, function: Callable, *args):
@@ -116,7 +132,7 @@ def run(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
     per_epoch = options.steps_per_epoch
-    done = int(step.global_step.numpy())
+    done = started = int(step.global_step.numpy())
     history = []
     for epoch in range(done // per_epoch + 1, options.epochs + 1):
         progress.start(epoch, options.epochs)
@@ -124,19 +140,24 @@ def run(
         if first == 1:
             step.reset_metrics()  # a resumed epoch keeps the sums it restored
         start = time.perf_counter()
-        for k in range(first, per_epoch + 1):
-            outputs = call("train", step.train, train_iterators)
-            done += 1
+        k = first
+        while k <= per_epoch:
+            # The run's first step goes alone: it traces the step, and a
+            # placement log captures that single step.
+            left = 1 if done == started else per_epoch - k + 1
+            outputs, taken = _train_steps(step, train_iterators, call, options, done, left)
+            done += taken
+            k += taken
             if options.check_replicas and done % options.check_replicas == 0:
                 step.variables.check(options.replica_tolerance, done)
             for watcher in watchers:
                 watcher.after_step(done, outputs)
-            if progress.due() and k < per_epoch:
+            if progress.due() and k <= per_epoch:
                 elapsed = time.perf_counter() - start
                 progress.update(
-                    k,
+                    k - 1,
                     per_epoch,
-                    {**_train_values(step), "images/s": (k - first + 1) * global_batch / elapsed},
+                    {**_train_values(step), "images/s": (k - first) * global_batch / elapsed},
                 )
         seconds = time.perf_counter() - start
         record = {"epoch": epoch, **step.metrics()}
@@ -166,6 +187,19 @@ def run(
             watcher.after_epoch(epoch, done, record)
         history.append(record)
     return history
+
+
+def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: int,
+                 left: int) -> tuple[dict, int]:
+    """Runs the next loop: up to the next multiple of `steps_per_loop` (so
+    loops end on the same global steps after a resume), at most `left`
+    steps; returns the last step's outputs and how many steps ran."""
+    per_loop = options.steps_per_loop
+    count = min(per_loop - done % per_loop, left)
+    if per_loop == 1:
+        return call("train", step.train, iterators), 1
+    outputs = call("train", step.train_loop, iterators, tf.constant(count, tf.int32))
+    return outputs, int(outputs["steps"].numpy())
 
 
 def _train_values(source) -> dict[str, float]:

@@ -125,6 +125,7 @@ class TowerStep:
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.train = tf.function(self._train)
+        self.train_loop = tf.function(self._train_loop)
         self.evaluate = tf.function(self._evaluate)
 
     def trackables(self) -> dict:
@@ -223,6 +224,26 @@ class TowerStep:
                 "finite": step.finite,
                 "overflow": overflow,
             }
+
+    def _train_loop(self, iterators, count):
+        """Up to `count` steps in one call (a `tf.while_loop`), so the host
+        dispatches once per `count` steps; returns the last step's outputs
+        and `steps`, how many ran.
+
+        The loop ends early after a step whose loss or gradient was not
+        finite (and not a loss-scale overflow), so that the caller sees that
+        step's outputs and its number, as with one step per call.
+        """
+        outputs = self._train(iterators)
+        taken = tf.constant(1, tf.int32)
+
+        def healthy(outputs):
+            return tf.logical_or(tf.reduce_all(outputs["finite"]), outputs["overflow"])
+
+        while taken < count and healthy(outputs):
+            outputs = self._train(iterators)
+            taken += 1
+        return {**outputs, "steps": taken}
 
     def _evaluate(self, iterators, valid):
         """Loss sum, correct count and sample count over the real samples.

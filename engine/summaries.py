@@ -1,7 +1,8 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy` and `train/step_seconds` (wall
-time between steps, all towers together). Every epoch: `epoch/loss`,
+time between steps, all towers together); with `--steps-per-loop K`, every
+K steps: the loop's last step, and its mean step time. Every epoch: `epoch/loss`,
 `epoch/accuracy`, `epoch/images_per_sec`, `epoch/skipped` and, with
 evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
 in the step itself (a timestamp op is stateful, and tf.function would order
@@ -38,12 +39,15 @@ class Summaries:
         with self.writer.as_default(step=step):
             tf.summary.scalar("train/loss", outputs["loss"])
             tf.summary.scalar("train/accuracy", outputs["accuracy"])
-            tf.summary.scalar("train/step_seconds", now - self._last)
+            taken = int(outputs.get("steps", 1))
+            tf.summary.scalar("train/step_seconds", (now - self._last) / taken)
         if self.profile:
+            # Steps come in loops of --steps-per-loop: the trace covers the
+            # loops that hold steps first to last.
             first, last = self.profile
-            if step + 1 == first and not self.profiling:
+            if not self.profiling and first <= step + 1 <= last:
                 self._start_profile()
-            elif step == last and self.profiling:
+            elif self.profiling and step >= last:
                 tf.profiler.experimental.stop()
                 self.profiling = False
         self._last = time.perf_counter()

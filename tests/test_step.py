@@ -104,3 +104,43 @@ def test_each_tower_runs_its_backward_pass_on_its_own_device(digits):
         assert forward == {f"/cpu:{k}"}
     mean_ops = {d for name, d in devices.items() if name.startswith("reduce/")}
     assert mean_ops == {"/cpu:3"}
+
+
+
+def test_a_loop_of_steps_equals_the_steps_one_by_one(digits):
+    """--steps-per-loop runs the same steps in one call: bit for bit."""
+    from conftest import digit_iterators
+
+    one_by_one, looped = make_step(2), make_step(2)
+    iterators = digit_iterators(digits, one_by_one.placement, 6, BATCH)
+    for _ in range(6):
+        last = one_by_one.train(iterators)
+    outputs = looped.train_loop(digit_iterators(digits, looped.placement, 6, BATCH),
+                                tf.constant(6))
+    assert int(outputs["steps"]) == 6
+    assert outputs["loss"].numpy() == last["loss"].numpy()
+    assert int(looped.global_step.numpy()) == int(one_by_one.global_step.numpy()) == 6
+    for a, b in zip(one_by_one.model.trainable_variables, looped.model.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert looped.metrics() == one_by_one.metrics()
+
+
+def test_a_loop_ends_at_its_first_non_finite_step():
+    """The loop hands back the step whose tower 1 went non-finite (step 6),
+    so the non-finite guard names it as it would with one step per call."""
+    from tests.user_models import nan_on_tower_1_at_step_6
+
+    placement_ = resolve(DeviceRequest(("/cpu:0", "/cpu:1")), VISIBLE)
+    variables = ReduceDeviceVariables(lambda: nan_on_tower_1_at_step_6((4,), 3),
+                                      lambda: keras.optimizers.SGD(0.1), placement_)
+    step = TowerStep(variables=variables, placement=placement_, reducer=Central("/cpu:0"))
+    iterators = []
+    for tower in placement_.towers:
+        with tf.device(tower.device):
+            batch = (tf.ones([8, 4]), tf.zeros([8, 1], tf.int32))
+            iterators.append(iter(tf.data.Dataset.from_tensors(batch).repeat()))
+    outputs = step.train_loop(iterators, tf.constant(10))
+    assert int(outputs["steps"]) == 6
+    assert outputs["finite"].numpy().tolist() == [True, False]
+    assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (6, 1)
+    assert step.metrics()["steps"] == 5  # the sixth update was not applied

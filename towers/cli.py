@@ -38,6 +38,13 @@ DEFAULT_DATA = os.path.join(
     "per core), 'cpu:N' (N logical CPU devices), or names (/gpu:1,/cpu:0).",
 )
 @click.option(
+    "--gpu-memory",
+    default=None,
+    type=int,
+    help="With --devices gpu:N: MiB of GPU 0's memory for each logical GPU "
+    "(default 4096).",
+)
+@click.option(
     "--reduce-device",
     default=None,
     help="Where variables live and gradients are averaged. Default /cpu:0: host "
@@ -64,6 +71,9 @@ DEFAULT_DATA = os.path.join(
 @click.option("--epochs", default=5, show_default=True, type=int)
 @click.option("--steps-per-epoch", default=None, type=int,
               help="Default: one pass over the training set.")
+@click.option("--steps-per-loop", default=1, show_default=True, type=int,
+              help="Training steps per call of the compiled step: the host dispatches, "
+              "and looks at progress, checkpoints and signals, once per K steps.")
 @click.option("--eval-steps", default=None, type=int,
               help="Held-out batches per tower after each epoch; 0 skips. "
               "Default: the whole held-out set once.")
@@ -145,6 +155,7 @@ DEFAULT_DATA = os.path.join(
               "and names the tasks that do not answer.")
 def tower_train(
     devices,
+    gpu_memory,
     reduce_device,
     data_path,
     data_format,
@@ -152,6 +163,7 @@ def tower_train(
     batch_size,
     epochs,
     steps_per_epoch,
+    steps_per_loop,
     eval_steps,
     optimizer,
     lr,
@@ -187,7 +199,7 @@ def tower_train(
     from engine import devices as devs
 
     try:
-        request = devs.parse_request(devices, reduce_device)
+        request = devs.parse_request(devices, reduce_device, gpu_memory)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
     cluster = _cluster(cluster_spec, connect_timeout, request)
@@ -271,7 +283,8 @@ def tower_train(
             ),
             reducer=reducers.ReducerOptions(reducer, group_size, pack_bytes, compress),
             loop=loop.LoopOptions(
-                epochs, num_steps, eval_steps, metrics_path, check_replicas
+                epochs, num_steps, eval_steps, metrics_path, check_replicas,
+                steps_per_loop=steps_per_loop,
             ),
             placement=train.PlacementOptions(placement_log, strict_placement),
             checkpoints=CheckpointOptions(
