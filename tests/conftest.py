@@ -1,8 +1,13 @@
-"""Test set-up: eight logical CPU devices, and the real MNIST prepared once.
+"""Test set-up: eight logical CPU devices, four logical GPUs where there is a
+GPU, and the real MNIST prepared once.
 
-TensorFlow fixes its devices the first time it is used, so the host CPU is
-split here, at import, before any test touches TensorFlow. Tests that need
-another number of devices run tower-train in a subprocess.
+TensorFlow fixes its devices the first time it is used, so the host CPU (and
+GPU 0) are split here, at import, before any test touches TensorFlow. Tests
+that need another number of devices run tower-train in a subprocess.
+
+Tests never assume what the host has: `GPUS` is the number of physical GPUs,
+`needs_gpu` marks the GPU tier (skipped, with the reason, on hosts without
+one) and `HOST_DEVICES` is what tower-train lists as "devices here".
 """
 
 from __future__ import annotations
@@ -21,6 +26,20 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS,
 )
+GPUS = len(tf.config.list_physical_devices("GPU"))
+# In this process GPU 0 is four logical GPUs of 2 GiB (as `--devices gpu:4`),
+# so every reducer runs between GPUs on a one-GPU host; tower-train runs that
+# tests start in subprocesses get the rest of the memory.
+LOGICAL_GPUS = 4 if GPUS else 0
+if GPUS:
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("GPU")[0],
+        [tf.config.LogicalDeviceConfiguration(memory_limit=2048)] * LOGICAL_GPUS,
+    )
+needs_gpu = pytest.mark.skipif(not GPUS, reason="needs a GPU (the GPU tier)")
+without_gpu = pytest.mark.skipif(bool(GPUS), reason="checks the message of a host without GPUs")
+# What tower-train lists as "devices here" when it splits nothing.
+HOST_DEVICES = ", ".join(["/cpu:0", *(f"/gpu:{k}" for k in range(GPUS))])
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)

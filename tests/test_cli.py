@@ -3,7 +3,11 @@
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import GPUS, HOST_DEVICES, run_cli, without_gpu
+
+# A GPU this host does not have, and the hint tower-train adds on hosts without GPUs.
+MISSING_GPU = GPUS
+NO_GPU_HINT = "" if GPUS else " (no GPU here: use --devices cpu:N for N CPU towers)"
 
 
 def one_line_error(result, prog="tower-train"):
@@ -40,11 +44,11 @@ def test_bad_input_before_tensorflow(args, message):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--devices", "0,1"], "--devices: GPU 0 does not exist; devices here: /cpu:0 (no GPU here: use --devices cpu:N for N CPU towers)"),
-        (["--devices", "/gpu:1"], "--devices: GPU 1 does not exist; devices here: /cpu:0 (no GPU here: use --devices cpu:N for N CPU towers)"),
-        (["--devices", "/cpu:0,/cpu:1"], "--devices: /cpu:1 does not exist; devices here: /cpu:0 (no GPU here: use --devices cpu:N for N CPU towers)"),
-        (["--devices", "cpu:2", "--reduce-device", "/cpu:2"], "--reduce-device /cpu:2 does not exist; devices here: /cpu:0, /cpu:1"),
-        (["--devices", "cpu:2", "--reduce-device", "/gpu:0"], "--reduce-device /gpu:0 does not exist; devices here: /cpu:0, /cpu:1"),
+        (["--devices", f"{MISSING_GPU},{MISSING_GPU + 1}"], f"--devices: GPU {MISSING_GPU} does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", f"/gpu:{MISSING_GPU}"], f"--devices: GPU {MISSING_GPU} does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", "/cpu:0,/cpu:1"], f"--devices: /cpu:1 does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", "cpu:2", "--reduce-device", "/cpu:2"], f"--reduce-device /cpu:2 does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
+        (["--devices", "cpu:2", "--reduce-device", f"/gpu:{MISSING_GPU}"], f"--reduce-device /gpu:{MISSING_GPU} does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "towers.nothing:here"], "--model 'towers.nothing:here': cannot import 'towers.nothing' (No module named 'towers.nothing')"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model 'resnet' is not one of mlp, lenet and not package.module:function"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--epochs", "0"], "--epochs (0) must be a positive integer"),
@@ -67,9 +71,26 @@ def test_data_smaller_than_a_batch_per_shard_is_refused(mnist_dir):
 def test_bad_input_keeps_metrics_already_written(tmp_path):
     metrics = tmp_path / "m.jsonl"
     metrics.write_text('{"epoch": 1}\n')
-    result = run_cli("tower-train", "--devices", "0", "--metrics", str(metrics))
+    result = run_cli("tower-train", "--devices", str(MISSING_GPU), "--metrics", str(metrics))
     assert result.returncode == 2
     assert metrics.read_text() == '{"epoch": 1}\n'
+
+
+@without_gpu
+def test_gpu_split_on_a_host_without_gpus_is_refused():
+    result = run_cli("tower-train", "--devices", "gpu:2", "--data-format", "synthetic")
+    assert one_line_error(result) == (
+        "--devices gpu:2 splits GPU 0 into logical GPUs, but this machine has no GPU; "
+        "use --devices cpu:N for N CPU towers"
+    )
+
+
+def test_gpu_memory_without_a_gpu_split_is_refused_before_tensorflow():
+    result = run_cli("tower-train", "--devices", "cpu:2", "--gpu-memory", "2048")
+    assert one_line_error(result) == (
+        "--gpu-memory 2048 sets the memory of each logical GPU of --devices gpu:N; "
+        "add --devices gpu:N or drop --gpu-memory"
+    )
 
 
 def test_tower_data_names_a_bad_source(tmp_path):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import without_gpu
 
 from engine import data, records
 from engine.devices import Tower
@@ -121,6 +122,7 @@ def test_synthetic_data_differs_per_tower_and_stays_in_range():
     assert not np.array_equal(batches[0][0][0].numpy(), batches[1][0][0].numpy())
 
 
+@without_gpu
 def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
     with pytest.raises(data.GpuUnavailableError) as err:
         data.tower_pipeline(options(indexed_lmdb, 8), Tower(0, "/gpu:0", 1), training=True)

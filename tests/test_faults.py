@@ -10,11 +10,15 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import BIN, REPO, run_cli
+from conftest import BIN, REPO, needs_gpu, run_cli
+
+# Towers of the kill/resume and signal tests: two CPU towers, and on a GPU
+# host two logical GPUs of GPU 0, whose readers are replayed at resume.
+TOWERS = ["cpu:2", pytest.param("gpu:2", marks=needs_gpu)]
 
 
-def train_args(data_dir, checkpoint_dir, *extra):
-    return ["--devices", "cpu:2", "--data", data_dir, "--epochs", "2",
+def train_args(data_dir, checkpoint_dir, *extra, devices="cpu:2"):
+    return ["--devices", devices, "--data", data_dir, "--epochs", "2",
             "--steps-per-epoch", "40", "--eval-steps", "3", "--checkpoint-dir",
             str(checkpoint_dir), "--checkpoint-every", "10", "--keep-checkpoints", "10",
             "--deterministic", *extra]
@@ -44,30 +48,46 @@ def wait_for_checkpoint(directory, name, process, timeout=120):
     raise AssertionError(f"no {name} in {directory} after {timeout} s")
 
 
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(mnist_dir, tmp_path):
+@pytest.mark.parametrize("devices", TOWERS)
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(
+    mnist_dir, tmp_path, devices
+):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    result = run_cli("tower-train", *train_args(mnist_dir, whole))
+    result = run_cli("tower-train", *train_args(mnist_dir, whole, devices=devices))
     assert result.returncode == 0, result.stderr
 
-    process = start(*train_args(mnist_dir, killed))
+    process = start(*train_args(mnist_dir, killed, devices=devices))
     wait_for_checkpoint(killed, "ckpt-50", process)  # step 50 of 80: mid epoch 2
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL
 
-    resumed = run_cli("tower-train", *train_args(mnist_dir, killed), "--resume")
+    resumed = run_cli("tower-train", *train_args(mnist_dir, killed, devices=devices),
+                      "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {killed}/ckpt-" in resumed.stdout
+    line = next(l for l in resumed.stdout.splitlines() if l.startswith("resumed from"))
+    step = int(re.search(r"ckpt-(\d+) at step (\d+)", line).group(2))
+    assert line.startswith(f"resumed from {killed}/ckpt-{step} at step {step}")
+    if devices.startswith("gpu"):
+        # Every step took a batch; epoch 1's evaluation (after step 40) took 3.
+        batches = step + 3
+        assert line.endswith(f"; GPU towers 0, 1 replayed {batches:,} batches to that data "
+                             "position (DALI cannot save a GPU pipeline's position)")
     expected, got = state(whole / "ckpt-80"), state(killed / "ckpt-80")
     assert expected.keys() == got.keys() and len(expected) > 10
     for key in expected:  # bit for bit: variables, Adam slots, dropout seeds, counters
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
+@pytest.mark.parametrize(
+    "signum, code, devices",
+    [(signal.SIGINT, 130, "cpu:2"), (signal.SIGTERM, 143, "cpu:2"),
+     pytest.param(signal.SIGINT, 130, "0", marks=needs_gpu)],
+)
+def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code,
+                                                                  devices):
     directory = tmp_path / "ck"
-    args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
+    args = ["--devices", devices, "--data-format", "synthetic", "--epochs", "1",
             "--steps-per-epoch", "100000", "--checkpoint-dir", str(directory)]
     process = start(*args)
     for line in process.stdout:  # training has begun
@@ -108,11 +128,15 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert (directory / "ckpt-15.index").exists()
 
 
-def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpoint(tmp_path):
+@pytest.mark.parametrize("per_loop", ["1", "4"])
+def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpoint(
+    tmp_path, per_loop
+):
     directory = tmp_path / "ck"
     args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
             "--steps-per-epoch", "8", "--model", "tests.user_models:nan_on_tower_1_at_step_6",
-            "--checkpoint-dir", str(directory), "--checkpoint-every", "2"]
+            "--checkpoint-dir", str(directory), "--checkpoint-every", "4",
+            "--steps-per-loop", per_loop]
     result = run_cli("tower-train", *args)
     assert result.returncode == 1
     assert result.stderr.strip() == (
@@ -128,12 +152,13 @@ def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpo
                if isinstance(v, np.ndarray) and v.dtype.kind == "f")
 
 
-def test_skip_nonfinite_skips_and_counts(tmp_path):
+@pytest.mark.parametrize("per_loop", ["1", "4"])
+def test_skip_nonfinite_skips_and_counts(tmp_path, per_loop):
     metrics = tmp_path / "m.jsonl"
     result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
                      "--epochs", "1", "--steps-per-epoch", "8", "--model",
                      "tests.user_models:nan_on_tower_1_at_step_6", "--skip-nonfinite",
-                     "--metrics", str(metrics))
+                     "--metrics", str(metrics), "--steps-per-loop", per_loop)
     assert result.returncode == 0, result.stderr
     warnings = [l for l in result.stdout.splitlines() if "update skipped" in l]
     assert [w.split(":")[2].strip() for w in warnings] == ["step 6", "step 7", "step 8"]
@@ -168,6 +193,13 @@ def test_deterministic_runs_give_identical_losses_and_weights(mnist_dir, tmp_pat
         (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
         (["--checkpoint-dir", "/tmp/x", "--keep-checkpoints", "0"],
          "--keep-checkpoints (0) must be at least 1"),
+        (["--checkpoint-dir", "/tmp/x", "--checkpoint-every", "10", "--steps-per-loop", "4"],
+         "--checkpoint-every 10 is not a multiple of --steps-per-loop 4; checkpoints are "
+         "saved between loops"),
+        (["--steps-per-loop", "0"], "--steps-per-loop (0) must be a positive integer"),
+        (["--variables", "replicated", "--check-replicas", "6", "--steps-per-loop", "4"],
+         "--check-replicas 6 is not a multiple of --steps-per-loop 4; the replicas are "
+         "compared between loops"),
     ],
 )
 def test_bad_checkpoint_flags(args, message):

@@ -115,7 +115,12 @@ def test_strict_placement_stops_on_the_first_step_naming_the_op(mnist_dir, tmp_p
 
 
 class GradientOffTower(TowerStep):
-    """The classic trap: forward on the tower, tape.gradient outside its scope."""
+    """The classic trap: forward on the tower, tape.gradient outside its scope.
+
+    Outside it, TensorFlow picks the device: GPU 0 on a GPU host, the CPU
+    elsewhere. The trap is set under the reduce device here, so that the test
+    knows where the backward pass lands on any host.
+    """
 
     def gradients(self, batches):
         tower_grads, losses = [], []
@@ -124,7 +129,8 @@ class GradientOffTower(TowerStep):
                 with tf.device(tower.device), tf.name_scope(f"tower_{tower.index}"):
                     probs = self.model(images, training=True)
                     loss = tf.reduce_mean(sparse_cross_entropy(tf.reshape(labels, [-1]), probs))
-            tower_grads.append(tape.gradient(loss, self.model.trainable_variables))
+            with tf.device(self.placement.reduce_device):
+                tower_grads.append(tape.gradient(loss, self.model.trainable_variables))
             losses.append(loss)
         return self.reducer(tower_grads, self.placement.devices, ["/cpu:0"])
 
