@@ -159,7 +159,8 @@ def build(
 
     step = TowerStep(
         variables=variables_lib.make(
-            model_options.variables, make_model, make_optimizer, placement
+            model_options.variables, make_model, make_optimizer, placement,
+            xla=model_options.xla,
         ),
         placement=placement,
         reducer=reducers.build(reducer_options, placement),
@@ -277,7 +278,8 @@ def compute_line(model_options: ModelOptions) -> str:
         )
         what = f"mixed {dtype} (variables and loss in float32), {scaling}"
     if model_options.xla:
-        what += ", XLA: each tower's forward and backward compiled on its device"
+        what += (", XLA: each tower's forward and backward, and each replica's update, "
+                 "compiled on its device")
     return f"  compute  {what}"
 
 

@@ -1,0 +1,132 @@
+"""The GPU tier: mixed decoding, GPU towers and reduce devices, float16 and XLA on
+GPUs, every reducer between logical GPUs, and the placement log of GPU towers.
+
+Skipped, with the reason, on hosts without a GPU. In this process GPU 0 is four
+logical GPUs (conftest); the tower-train runs get the rest of its memory.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import GPUS, LOGICAL_GPUS, needs_gpu, run_cli
+from test_reducers import ALL, check_means, run_reducer
+
+from engine import data, loop, placement_report, reducers
+from engine.devices import logical_gpu_map, parse_request, resolve
+from engine.progress import EpochProgress
+from towers import train
+
+pytestmark = needs_gpu
+
+LOGICAL = [f"/gpu:{k}" for k in range(LOGICAL_GPUS)]
+
+
+def logical_placement(reduce_device="/cpu:0"):
+    """The conftest's logical GPUs as towers, read through GPU 0."""
+    request = parse_request(f"gpu:{LOGICAL_GPUS}", reduce_device)
+    return resolve(request, ["/cpu:0", *LOGICAL], logical_gpu_map(LOGICAL_GPUS, GPUS))
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("reduce_device", ["/cpu:0", "/gpu:0"])
+def test_every_reducer_gives_the_mean_between_logical_gpus(name, reduce_device):
+    placement_ = logical_placement(reduce_device)
+    rng = np.random.default_rng(7)
+    arrays = [[rng.normal(size=(33, 5)), rng.normal(size=(7,))] for _ in LOGICAL]
+    reducer = reducers.build(reducers.ReducerOptions(name, group_size=2), placement_)
+    for destinations in (LOGICAL, [reduce_device]):
+        result = run_reducer(reducer, arrays, LOGICAL, destinations, tf.float32)
+        check_means(result, arrays, destinations, tf.float32)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("variables", ["reduce-device", "replicated"])
+def test_four_logical_gpus_train_real_mnist_with_each_reducer(mnist_dir, name, variables):
+    """What `tower-train --devices gpu:4 --reducer NAME --variables MODE` runs:
+    DALI decoding on the GPU for every tower, 100 steps, the whole held-out set."""
+    placement_ = logical_placement()
+    info = data.inspect(mnist_dir)
+    data_options = data.DataOptions(format=info.format, train_path=info.train_path,
+                                    val_path=info.val_path, batch_size=64)
+    towers = train.build(placement_, data_options,
+                         train.ModelOptions(learning_rate=2e-3, variables=variables),
+                         reducers.ReducerOptions(name), info.val_size)
+    options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
+                               eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
+    with open("/dev/null", "w") as quiet:
+        (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,
+                             EpochProgress(quiet))
+    print(f"gpu:{LOGICAL_GPUS} {name} {variables}: loss {record['loss']:.4f}, "
+          f"eval_accuracy {record['eval_accuracy']:.4f} on {record['eval_samples']} digits")
+    assert record["steps"] == 100 and record["eval_samples"] == 10_000
+    assert record["eval_accuracy"] >= 0.9, record
+    if variables == "replicated":
+        assert towers.step.variables.check(1e-6, 100) == 0.0
+
+
+def test_a_gpu_tower_decodes_on_the_gpu_and_learns_the_digits(mnist_dir, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli("tower-train", "--devices", "0", "--data", mnist_dir, "--epochs", "1",
+                     "--steps-per-epoch", "300", "--metrics", str(metrics))
+    assert result.returncode == 0, result.stderr
+    assert "  tower 0  /gpu:0   shard 0/1 of caffe2" in result.stdout
+    assert "decode on GPU (mixed)" in result.stdout
+    (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert record["eval_samples"] == 10_000 and record["eval_accuracy"] >= 0.93
+
+
+@pytest.mark.parametrize(
+    "flags, compute",
+    [
+        (["--mixed-precision"], "  compute  mixed float16 (variables and loss in float32), "
+         "dynamic loss scaling from 32768"),
+        (["--xla", "--variables", "replicated"], "  compute  float32, XLA: each tower's "
+         "forward and backward, and each replica's update, compiled on its device"),
+    ],
+)
+def test_float16_and_xla_on_gpu_towers(mnist_dir, tmp_path, flags, compute):
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli("tower-train", "--devices", "gpu:2", "--data", mnist_dir, "--epochs",
+                     "1", "--steps-per-epoch", "200", "--reduce-device", "/gpu:0",
+                     "--metrics", str(metrics), *flags)
+    assert result.returncode == 0, result.stderr
+    assert compute in result.stdout.splitlines()
+    (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert record["eval_accuracy"] >= 0.9, record
+    if "--mixed-precision" in flags:
+        assert record["loss_scale"] >= 1.0 and record["skipped"] == 0
+
+
+def test_placement_log_of_gpu_towers(mnist_dir, tmp_path):
+    """Each tower's forward and backward on its logical GPU, the variables on
+    the host, the bytes of the central reduction, and nothing stray."""
+    log = tmp_path / "p.jsonl"
+    result = run_cli("tower-train", "--devices", "gpu:2", "--data", mnist_dir, "--epochs",
+                     "1", "--steps-per-epoch", "3", "--eval-steps", "2",
+                     "--placement-log", str(log))
+    assert result.returncode == 0, result.stderr
+    entries = placement_report.load(str(log))
+    ops = placement_report.ops(entries, "train")
+    for k in range(2):
+        backward = {o["assigned"] for o in ops if o["name"].startswith(f"gradient_tape/tower_{k}/")}
+        assert backward == {f"/gpu:{k}"}
+    assert {o["assigned"] for o in ops if o["tower"] == "reduce"} == {"/cpu:0"}
+    assert placement_report.strays(entries) == []
+    transfers = [t for t in entries if t["kind"] == "transfer" and t["step"] == "train"]
+    assert all(t["bytes"] is not None for t in transfers)
+    info = placement_report.run_info(entries)
+    moved = sum(placement_report.matrix(entries, "train").values())
+    assert moved == pytest.approx(placement_report.expected_bytes(info, "train"), rel=0.01)
+
+
+def test_nccl_on_logical_gpus_of_one_gpu_is_refused_in_one_line():
+    result = run_cli("tower-train", "--devices", "gpu:2", "--reducer", "nccl",
+                     "--data-format", "synthetic")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "tower-train: error: --reducer nccl: towers /gpu:0, /gpu:1 share physical GPU 0, "
+        "and NCCL needs one GPU per tower (it would wait forever); use --reducer ring, "
+        "tree or collective"
+    )
