@@ -53,10 +53,22 @@ def worker(config: dict) -> dict:
     import tensorflow as tf
 
     devices = max(config["n"], 1)
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0],
-        [tf.config.LogicalDeviceConfiguration()] * devices,
-    )
+    if config.get("gpu"):
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
+        if len(gpus) < devices:
+            # One GPU carries N towers as N logical GPUs (tower-train --devices gpu:N).
+            tf.config.set_logical_device_configuration(
+                gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)] * devices)
+        else:
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+    else:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0],
+            [tf.config.LogicalDeviceConfiguration()] * devices,
+        )
     kind = config["kind"]
     run = {"mirrored": run_mirrored, "keras-1dev": run_keras}.get(kind, run_engine)
     times = run(config)
@@ -68,6 +80,23 @@ def worker(config: dict) -> dict:
         "images_per_sec": batch / per_step,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def tower_devices(config: dict, n: int) -> list[str]:
+    """The towers' devices: GPUs (logical ones of GPU 0 if there are fewer), or CPUs."""
+    kind = "gpu" if config.get("gpu") else "cpu"
+    return [f"/{kind}:{k}" for k in range(n)]
+
+
+def towers_of(config: dict, n: int):
+    """Towers for the data code: logical GPUs read through GPU 0 (DALI's device_id)."""
+    from engine.devices import Tower
+
+    import tensorflow as tf
+
+    physical = len(tf.config.list_physical_devices("GPU"))
+    return [Tower(k, device, n, 0 if config.get("gpu") and physical < n else None)
+            for k, device in enumerate(tower_devices(config, n))]
 
 
 def dali_options(batch: int, config: dict | None = None):
@@ -91,14 +120,14 @@ def run_engine(config: dict) -> list[float]:
     import tensorflow as tf
 
     from engine import precision, reducers, variables
-    from engine.devices import DeviceRequest, resolve
+    from engine.devices import Placement
     from engine.step import TowerStep
     from towers import models, train
 
     n = 1 if config["kind"].startswith("engine-1tower") else config["n"]
     batch = config["batch"] * config["n"] // n
-    devices = [f"/cpu:{k}" for k in range(n)]
-    placement = resolve(DeviceRequest(tuple(devices)), [f"/cpu:{k}" for k in range(max(config["n"], 1))])
+    placement = Placement(tuple(towers_of(config, n)),
+                          config.get("reduce_device", "/cpu:0"))
     keras.utils.set_random_seed(0)
     mode = config.get("variables", "reduce-device")
     def make_model():
@@ -107,7 +136,8 @@ def run_engine(config: dict) -> list[float]:
 
     step = TowerStep(
         variables=variables.make(
-            mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement),
+            mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement,
+            xla=config.get("xla", False)),
         placement=placement,
         reducer=reducers.build(reducers.ReducerOptions(config.get("reducer", "central")), placement),
         xla=config.get("xla", False),
@@ -121,7 +151,7 @@ def run_engine(config: dict) -> list[float]:
                 iterators.append(iter(tf.data.Dataset.from_tensors((images, labels)).repeat()))
     else:
         iterators = train.tower_iterators(dali_options(batch, config), placement, training=True)
-    if config["kind"].endswith("-memory"):
+    if config["kind"].endswith("-memory") and not config.get("gpu"):
         # How many ops a step runs (partitioned graphs exist on the first call
         # only): per-op overhead is what splitting a small model costs.
         from engine.placement import collect
@@ -129,23 +159,79 @@ def run_engine(config: dict) -> list[float]:
         _, metadata = collect(step.train, iterators)
         config["ops_per_step"] = sum(len(graph.node) for function in metadata.function_graphs
                                      for graph in function.partition_graphs)
-    run = step.train
+    per_loop = config.get("steps_per_loop", 1)
     if config["kind"] == "engine-dali-only":
         # The input alone: every tower's DALI batch fetched and dropped, no
         # model; the most images/s DALI can give the towers on this host.
         @tf.function
+        def one(iterators):
+            return {"finite": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])}
+        run = one
+    elif per_loop == 1:
+        run = step.train
+    else:
+        count = tf.constant(per_loop, tf.int32)
         def run(iterators):
-            return {"loss": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])}
-    for _ in range(config["warmup"]):
-        run(iterators)["loss"].numpy()
+            return step.train_loop(iterators, count)
+
+    def block(steps):
+        for _ in range(steps // per_loop):
+            # What tower-train's loop reads after every loop: the non-finite
+            # guard's flags (a host synchronisation, as in a real run).
+            run(iterators)["finite"].numpy()
+
+    block(config["warmup"] * per_loop)
     times = []
-    for _ in range(config["repeats"]):
+    trace = config.get("trace")
+    for repeat in range(config["repeats"]):
+        if trace and repeat == config["repeats"] - 1:
+            tf.profiler.experimental.start(trace)
         start = time.perf_counter()
-        for _ in range(config["steps"]):
-            out = run(iterators)
-        out["loss"].numpy()
+        block(config["steps"])
         times.append(time.perf_counter() - start)
+    if trace:
+        tf.profiler.experimental.stop()
+        config["profile"] = gpu_profile(trace, times[-1], config["steps"])
     return times
+
+
+def gpu_profile(logdir: str, seconds: float, steps: int) -> dict:
+    """What the GPU did in a profiled block of `steps` steps: the time some
+    kernel or copy was running (the union of all streams' activity), the
+    kernels and copies per step, and the busy share of the wall time."""
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as stream:
+        space.ParseFromString(stream.read())
+    intervals, kernels, copies = [], 0, {}
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                begin = line.timestamp_ns + event.offset_ps / 1000
+                intervals.append((begin, begin + event.duration_ps / 1000))
+                name = names.get(event.metadata_id, "")
+                if "memcpy" in name.lower():
+                    kind = name.split()[0]
+                    copies[kind] = copies.get(kind, 0) + 1
+                else:
+                    kernels += 1
+    busy, end = 0.0, float("-inf")
+    for begin, finish in sorted(intervals):
+        if finish > end:
+            busy += finish - max(begin, end)
+            end = finish
+    return {"gpu_busy_ms_per_step": busy / 1e6 / steps,
+            "wall_ms_per_step": 1000 * seconds / steps,
+            "gpu_busy_share": busy / 1e9 / seconds,
+            "kernels_per_step": kernels / steps,
+            "copies_per_step": {k: v / steps for k, v in copies.items()}}
 
 
 class Timer:
@@ -196,11 +282,10 @@ def run_keras(config: dict) -> list[float]:
     import tensorflow as tf
 
     from engine.data import tower_dataset
-    from engine.devices import Tower
     from towers import models
 
     batch = config["batch"] * config["n"]
-    dataset = tower_dataset(dali_options(batch, config), Tower(0, "/cpu:0", 1), training=True)
+    dataset = tower_dataset(dali_options(batch, config), towers_of(config, 1)[0], training=True)
     dataset = dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
     return run_keras_fit(lambda: models.build(config["model"], (28, 28, 1), 10), dataset, config)
 
@@ -209,17 +294,16 @@ def run_mirrored(config: dict) -> list[float]:
     import tensorflow as tf
 
     from engine.data import tower_dataset
-    from engine.devices import Tower
     from towers import models
 
     n = config["n"]
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{k}" for k in range(n)])
+    towers = towers_of(config, n)
+    strategy = tf.distribute.MirroredStrategy([t.device for t in towers])
 
     def per_replica(context):
-        k = context.input_pipeline_id
-        with tf.device(f"/cpu:{k}"):
-            dataset = tower_dataset(dali_options(config["batch"], config), Tower(k, f"/cpu:{k}", n),
-                                    training=True)
+        tower = towers[context.input_pipeline_id]
+        with tf.device(tower.device):
+            dataset = tower_dataset(dali_options(config["batch"], config), tower, training=True)
             return dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
 
     options = tf.distribute.InputOptions(
@@ -236,19 +320,42 @@ def configurations(args) -> list[dict]:
     out = []
     for model in args.models.split(","):
         for n in (int(x) for x in args.towers.split(",")):
-            base = dict(model=model, n=n, batch=args.batch, steps=args.steps,
-                        warmup=args.warmup, repeats=args.repeats)
-            kinds = [("mirrored", {}), ("keras-1dev", {}),
-                     ("engine-reduce-device-central", dict(variables="reduce-device", reducer="central")),
-                     ("engine-replicated-central", dict(variables="replicated", reducer="central")),
-                     ("engine-replicated-ring", dict(variables="replicated", reducer="ring")),
-                     ("engine-replicated-xla", dict(variables="replicated", xla=True)),
-                     ("engine-bf16", dict(dtype="bfloat16")),
-                     ("engine-1tower", {}), ("engine-dali-only", {}), ("engine-memory", {}),
-                     ("engine-1tower-memory", {})]
-            for kind, extra in kinds:
-                out.append({**base, "kind": kind, **extra})
+            for batch in (int(b) for b in str(args.batch).split(",")):
+                base = dict(model=model, n=n, batch=batch, steps=args.steps,
+                            warmup=args.warmup, repeats=args.repeats, gpu=args.gpu)
+                for kind, extra in (gpu_kinds(args) if args.gpu else CPU_KINDS):
+                    out.append({**base, "kind": kind, **extra})
     return out
+
+
+CPU_KINDS = [
+    ("mirrored", {}), ("keras-1dev", {}),
+    ("engine-reduce-device-central", {"variables": "reduce-device", "reducer": "central"}),
+    ("engine-replicated-central", {"variables": "replicated", "reducer": "central"}),
+    ("engine-replicated-ring", {"variables": "replicated", "reducer": "ring"}),
+    ("engine-replicated-xla", {"variables": "replicated", "xla": True}),
+    ("engine-bf16", {"dtype": "bfloat16"}),
+    ("engine-1tower", {}), ("engine-dali-only", {}), ("engine-memory", {}),
+    ("engine-1tower-memory", {}),
+]
+
+
+def gpu_kinds(args) -> list[tuple[str, dict]]:
+    """On GPUs: the recipe, the engine with the variables on the host and on
+    GPU 0, one step per call and --steps-per-loop K, and the input alone."""
+    k = args.steps_per_loop
+    loop = {"steps_per_loop": k}
+    return [
+        ("mirrored", {}),
+        ("engine-reduce-cpu", {"reduce_device": "/cpu:0"}),
+        ("engine-reduce-gpu", {"reduce_device": "/gpu:0"}),
+        (f"engine-reduce-cpu-loop{k}", {"reduce_device": "/cpu:0", **loop}),
+        (f"engine-reduce-gpu-loop{k}", {"reduce_device": "/gpu:0", **loop}),
+        (f"engine-replicated-loop{k}", {"variables": "replicated", **loop}),
+        (f"engine-xla-loop{k}", {"variables": "replicated", "xla": True, **loop}),
+        (f"engine-reduce-gpu-loop{k}-memory", {"reduce_device": "/gpu:0", **loop}),
+        ("engine-dali-only", {}),
+    ]
 
 
 def dali_configurations(args) -> list[dict]:
@@ -257,7 +364,7 @@ def dali_configurations(args) -> list[dict]:
     out = []
     for model in args.models.split(","):
         for n in (int(x) for x in args.towers.split(",") if int(x) > 1):
-            base = dict(model=model, n=n, batch=args.batch, steps=args.steps,
+            base = dict(model=model, n=n, batch=int(args.batch), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats)
             out.append({**base, "kind": "engine-memory"})
             for threads in (1, 2, 3):
@@ -286,18 +393,18 @@ def chart(rows, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["model"], r["n"]) for r in rows})
+    groups = sorted({(r["model"], r["n"], r["batch"]) for r in rows})
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(kinds)
     colors = plt.get_cmap("tab20").colors  # one colour a run, up to 20 runs
     for i, kind in enumerate(kinds):
-        values = [next((r["images_per_sec"] for r in rows if (r["model"], r["n"]) == g
+        values = [next((r["images_per_sec"] for r in rows if (r["model"], r["n"], r["batch"]) == g
                         and r["kind"] == kind), 0) for g in groups]
         ax.bar([j + i * width for j in range(len(groups))], values, width, label=kind,
                color=colors[i % len(colors)])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
-    ax.set_xticklabels([f"{m}, N={n}" for m, n in groups])
+    ax.set_xticklabels([f"{m}, N={n}, batch {b}" for m, n, b in groups])
     ax.set_ylabel("images/s")
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -323,43 +430,85 @@ def measure(configs) -> list[dict]:
     return rows
 
 
-def find(rows, kind, model, n):
-    return next((r for r in rows if (r["kind"], r["model"], r["n"]) == (kind, model, n)), None)
+def find(rows, kind, model, n, batch=None):
+    return next((r for r in rows if (r["kind"], r["model"], r["n"]) == (kind, model, n)
+                 and batch in (None, r["batch"])), None)
 
 
 def table(rows, reference: str) -> list[str]:
-    lines = [f"{'model':<7}{'N':>3} {'run':<30}{'images/s':>10}{'step ms':>9}{'RSS MB':>8}"
-             f"{'ops/step':>9}{'vs ' + reference:>20}"]
+    lines = [f"{'model':<7}{'N':>3}{'batch':>6} {'run':<32}{'images/s':>10}{'step ms':>9}"
+             f"{'RSS MB':>8}{'ops/step':>9}{'GPU busy':>9}{'vs ' + reference:>20}"]
     for r in rows:
-        ref = find(rows, reference, r["model"], r["n"])
+        ref = find(rows, reference, r["model"], r["n"], r["batch"])
         ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
-        lines.append(f"{r['model']:<7}{r['n']:>3} {r['kind']:<30}{r['images_per_sec']:>10,.0f}"
-                     f"{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}"
-                     f"{r.get('ops_per_step', '-'):>9}{ratio:>20}")
+        busy = f"{r['profile']['gpu_busy_share']:.0%}" if "profile" in r else "-"
+        lines.append(f"{r['model']:<7}{r['n']:>3}{r['batch']:>6} {r['kind']:<32}"
+                     f"{r['images_per_sec']:>10,.0f}{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}"
+                     f"{r.get('ops_per_step', '-'):>9}{busy:>9}{ratio:>20}")
     return lines
 
 
-def targets(rows) -> list[str]:
-    """Issue 6's targets, each met or missed by how much."""
+def profiles(rows) -> list[str]:
+    """Per profiled run: GPU busy time against the wall time of a step."""
     lines = []
+    for r in rows:
+        if "profile" in r:
+            p = r["profile"]
+            copies = ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["copies_per_step"].items()))
+            lines.append(f"  {r['model']} b{r['batch']} {r['kind']}: step {p['wall_ms_per_step']:.3f} ms, "
+                         f"GPU busy {p['gpu_busy_ms_per_step']:.3f} ms ({p['gpu_busy_share']:.0%}); "
+                         f"{p['kernels_per_step']:.0f} kernels and copies per step ({copies})")
+    return lines
 
-    def check(name, value, goal):
-        verdict = "met" if value >= goal else f"MISSED by {goal - value:.2f}"
-        lines.append(f"  {name:<62} {value:5.2f} (target >= {goal}) {verdict}")
 
-    for model, n in sorted({(r["model"], r["n"]) for r in rows if r["n"] > 1}):
-        ref = find(rows, "mirrored", model, n)
-        engines = [r for r in rows if (r["model"], r["n"]) == (model, n)
-                   and r["kind"].startswith("engine-")
-                   and not any(x in r["kind"] for x in ("1tower", "memory", "dali-only"))]
+def engines_of(rows, model, n, batch):
+    """The engine's training runs (not the in-memory, one-tower or input-only ones)."""
+    return [r for r in rows if (r["model"], r["n"], r["batch"]) == (model, n, batch)
+            and r["kind"].startswith("engine-")
+            and not any(x in r["kind"] for x in ("1tower", "memory", "dali-only"))]
+
+
+def check(name, value, goal) -> str:
+    verdict = "met" if value >= goal else f"MISSED by {goal - value:.2f}"
+    return f"  {name:<66} {value:5.2f} (target >= {goal}) {verdict}"
+
+
+def targets(rows) -> list[str]:
+    """Issue 6's targets (logical CPU devices), each met or missed by how much."""
+    lines = []
+    for model, n, batch in sorted({(r["model"], r["n"], r["batch"]) for r in rows if r["n"] > 1}):
+        ref = find(rows, "mirrored", model, n, batch)
+        engines = engines_of(rows, model, n, batch)
         if ref and engines:
             best = max(engines, key=lambda r: r["images_per_sec"])
-            check(f"{model} N={n}: engine ({best['kind']}) / recipe",
-                  best["images_per_sec"] / ref["images_per_sec"], 1.5)
-        split, whole = find(rows, "engine-memory", model, n), find(rows, "engine-1tower-memory", model, n)
+            lines.append(check(f"{model} N={n}: engine ({best['kind']}) / recipe",
+                               best["images_per_sec"] / ref["images_per_sec"], 1.5))
+        split = find(rows, "engine-memory", model, n, batch)
+        whole = find(rows, "engine-1tower-memory", model, n, batch)
         if split and whole:
-            check(f"{model} N={n}: {n} towers / 1 tower of {n}x the batch (in memory)",
-                  split["images_per_sec"] / whole["images_per_sec"], 0.95)
+            lines.append(check(f"{model} N={n}: {n} towers / 1 tower of {n}x the batch (in memory)",
+                               split["images_per_sec"] / whole["images_per_sec"], 0.95))
+    return lines
+
+
+def gpu_targets(rows, per_loop: int) -> list[str]:
+    """Issue 15's targets on one GPU: the engine against the recipe (2x at
+    batch 64, 1.5x at 256), and variables on /gpu:0 no slower than on /cpu:0."""
+    lines = []
+    for model, batch in sorted({(r["model"], r["batch"]) for r in rows if r["n"] == 1}):
+        ref = find(rows, "mirrored", model, 1, batch)
+        engines = engines_of(rows, model, 1, batch)
+        if ref and engines:
+            best = max(engines, key=lambda r: r["images_per_sec"])
+            lines.append(check(f"{model} b{batch}: engine ({best['kind']}) / recipe",
+                               best["images_per_sec"] / ref["images_per_sec"],
+                               2.0 if batch <= 64 else 1.5))
+        for suffix in ("", f"-loop{per_loop}"):
+            gpu = find(rows, f"engine-reduce-gpu{suffix}", model, 1, batch)
+            cpu = find(rows, f"engine-reduce-cpu{suffix}", model, 1, batch)
+            if gpu and cpu:
+                lines.append(check(f"{model} b{batch}: --reduce-device /gpu:0 / /cpu:0{suffix}",
+                                   gpu["images_per_sec"] / cpu["images_per_sec"], 1.0))
     return lines
 
 
@@ -369,7 +518,14 @@ def main():
     parser.add_argument("--models", default="mlp,lenet")
     parser.add_argument("--kinds", default=None,
                         help="comma-separated runs to measure (default: all)")
-    parser.add_argument("--batch", type=int, default=64, help="per device")
+    parser.add_argument("--batch", default="64", help="per device; several: 64,256")
+    parser.add_argument("--gpu", action="store_true",
+                        help="towers on GPUs (logical GPUs of GPU 0 when there are fewer "
+                        "GPUs than towers); the runs of the GPU table")
+    parser.add_argument("--steps-per-loop", type=int, default=20,
+                        help="K of the --gpu runs with --steps-per-loop")
+    parser.add_argument("--trace", action="store_true",
+                        help="profile each engine run's last block: GPU busy time per step")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
@@ -388,11 +544,19 @@ def main():
     if args.kinds:
         wanted = args.kinds.split(",")
         configs = [c for c in configs if c["kind"] in wanted]
+    if args.trace:
+        for c in configs:
+            if c["kind"].startswith("engine-"):
+                c["trace"] = os.path.abspath(os.path.join(args.out, "traces", c["kind"]
+                                                          + f"-{c['model']}-b{c['batch']}"))
     rows = measure(configs)
     reference = "engine-memory" if args.dali_sweep else "mirrored"
     lines = table(rows, reference)
+    if args.trace:
+        lines += ["", "profiles:", *profiles(rows)]
     if not args.dali_sweep:
-        lines += ["", "targets:", *targets(rows)]
+        lines += ["", "targets:", *(gpu_targets(rows, args.steps_per_loop) if args.gpu
+                                    else targets(rows))]
     report = {"runs": rows}
     if args.startup:
         start = startup_seconds(args.startup)
@@ -407,7 +571,8 @@ def main():
         json.dump(report, stream, indent=1)
     chart(rows, os.path.join(args.out, f"{name}.png"),
           "DALI threads and prefetch against in-memory data" if args.dali_sweep
-          else "tower-train against the DALI + MirroredStrategy recipe (logical CPU devices)")
+          else "tower-train against the DALI + MirroredStrategy recipe "
+          + ("(one GPU)" if args.gpu else "(logical CPU devices)"))
     print(f"wrote {args.out}/{name}.json and {args.out}/{name}.png")
 
 
