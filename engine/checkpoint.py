@@ -24,6 +24,8 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
+from engine.on_device import OnDevice
+
 
 class PinnedIterator(trackable.Trackable):
     """A dataset iterator that saves and restores its state on its own device.
@@ -65,12 +67,13 @@ def replay(
     if not iterators or batches <= 0:
         return
 
-    @tf.function
-    def skip(count):
+    def drop(count):
         for _ in tf.range(count):
             for iterator, device in zip(iterators, devices):
                 with tf.device(device):
                     next(iterator)
+
+    skip = OnDevice(tf.function(drop), devices[0])  # the loop's own ops there too
 
     done = 0
     while done < batches:

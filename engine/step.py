@@ -18,6 +18,7 @@ import tensorflow as tf
 from engine import scopes
 from engine.devices import Placement
 from engine.loss_scale import NoLossScale
+from engine.on_device import OnDevice
 from engine.reducers.base import Reducer, mean
 
 
@@ -124,9 +125,10 @@ class TowerStep:
             # skipped because a loss or gradient was not finite.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.train = tf.function(self._train)
-        self.train_loop = tf.function(self._train_loop)
-        self.evaluate = tf.function(self._evaluate)
+        device = placement.reduce_device
+        self.train = OnDevice(tf.function(self._train), device)
+        self.train_loop = OnDevice(tf.function(self._train_loop), device)
+        self.evaluate = OnDevice(tf.function(self._evaluate), device)
 
     def trackables(self) -> dict:
         """Everything a checkpoint must hold to continue this run exactly."""

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine import scopes
+from engine.on_device import OnDevice
 from engine.devices import Placement
 
 MODES = ("reduce-device", "replicated")
@@ -102,7 +103,7 @@ class ReplicatedVariables:
         self.model = self.models[0]
         self.destinations = self.devices
         self._updates = [updater(o, m, xla) for o, m in zip(self.optimizers, self.models)]
-        self._drift = tf.function(self._max_differences)
+        self._drift = OnDevice(tf.function(self._max_differences), self.devices[0])
 
     def model_for(self, tower: int) -> keras.Model:
         return self.models[tower]

@@ -291,3 +291,37 @@ def test_gradients_sent_into_the_update_have_their_size():
     parameters = 4 * (4 * 3 + 3)
     assert parameters <= sent["/cpu:0", "/cpu:1"] <= parameters + 64
     assert parameters <= sent["/cpu:1", "/cpu:0"] <= parameters + 64
+
+
+def test_nothing_runs_on_the_default_device_unless_asked():
+    """TensorFlow runs a function's ops that have no device (its outputs, the
+    plumbing of partitioning) on the device of the call, by default the first
+    one: /gpu:0 on a GPU host, where CPU towers then sent tensors to the GPU
+    (seen on an H200). Here the first device is /cpu:0, and neither tower nor
+    the reduce device is on it: no op runs there, and nothing crosses to it,
+    but for the held-out step's int32 argument (how many samples are real),
+    which TensorFlow keeps in host memory, /cpu:0."""
+    from engine.devices import DeviceRequest, resolve
+
+    placement_ = resolve(DeviceRequest(("/cpu:1", "/cpu:2"), reduce_device="/cpu:3"),
+                         [f"/cpu:{k}" for k in range(4)])
+    variables = ReduceDeviceVariables(
+        lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")]),
+        lambda: keras.optimizers.Adam(0.1),
+        placement_,
+    )
+    step = TowerStep(variables=variables, placement=placement_, reducer=Central("/cpu:3"))
+    iterators = []
+    for tower in placement_.towers:
+        with tf.device(tower.device):
+            data = tf.data.Dataset.from_tensors((tf.ones([8, 4]), tf.zeros([8, 1], tf.int32)))
+            iterators.append(iter(data.repeat()))
+    valid = tf.constant([8, 8])
+    for function, args in ((step.train, (iterators,)), (step.evaluate, (iterators, valid))):
+        _, metadata = placement.collect(function, *args)
+        entries = placement.records(metadata, "step", placement_.devices,
+                                    function.get_concrete_function(*args).graph)
+        used = {e["assigned"] for e in entries if e["kind"] == "op" and e["name"] != "valid"}
+        used |= {d for e in entries if e["kind"] == "transfer" and e["tensor"] != "valid:0"
+                 for d in (e["src"], e["dst"])}
+        assert used == {"/cpu:1", "/cpu:2", "/cpu:3"}
