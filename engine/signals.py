@@ -40,7 +40,7 @@ class GracefulStop:
             self.requested = signum
             self.say(
                 f"tower-train: {signal.Signals(signum).name} received; finishing this "
-                "step (Ctrl-C again to quit at once)"
+                "step (or loop of --steps-per-loop steps; Ctrl-C again to quit at once)"
             )
 
     def __enter__(self):

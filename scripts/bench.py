@@ -59,8 +59,9 @@ def worker(config: dict) -> dict:
             raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
         if len(gpus) < devices:
             # One GPU carries N towers as N logical GPUs (tower-train --devices gpu:N).
-            tf.config.set_logical_device_configuration(
-                gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)] * devices)
+            from engine.devices import split_gpu
+
+            split_gpu(devices, 8192)
         else:
             for gpu in gpus:
                 tf.config.experimental.set_memory_growth(gpu, True)
@@ -90,12 +91,13 @@ def tower_devices(config: dict, n: int) -> list[str]:
 
 def towers_of(config: dict, n: int):
     """Towers for the data code: logical GPUs read through GPU 0 (DALI's device_id)."""
-    from engine.devices import Tower
-
     import tensorflow as tf
 
+    from engine.devices import Tower, logical_gpu_map
+
     physical = len(tf.config.list_physical_devices("GPU"))
-    return [Tower(k, device, n, 0 if config.get("gpu") and physical < n else None)
+    split = logical_gpu_map(n, 1) if config.get("gpu") and physical < n else {}
+    return [Tower(k, device, n, split.get(device))
             for k, device in enumerate(tower_devices(config, n))]
 
 
@@ -167,18 +169,24 @@ def run_engine(config: dict) -> list[float]:
         def one(iterators):
             return {"finite": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])}
         run = one
-    elif per_loop == 1:
-        run = step.train
     else:
-        count = tf.constant(per_loop, tf.int32)
-        def run(iterators):
-            return step.train_loop(iterators, count)
+        run = step.train
 
     def block(steps):
-        for _ in range(steps // per_loop):
+        """Runs `steps` steps (in loops of `per_loop`, the rest in a shorter
+        loop) and returns the time they took."""
+        start = time.perf_counter()
+        done = 0
+        while done < steps:
+            count = min(per_loop, steps - done)
             # What tower-train's loop reads after every loop: the non-finite
             # guard's flags (a host synchronisation, as in a real run).
-            run(iterators)["finite"].numpy()
+            if per_loop == 1:
+                run(iterators)["finite"].numpy()
+            else:
+                step.train_loop(iterators, tf.constant(count, tf.int32))["finite"].numpy()
+            done += count
+        return time.perf_counter() - start
 
     block(config["warmup"] * per_loop)
     times = []
@@ -186,9 +194,7 @@ def run_engine(config: dict) -> list[float]:
     for repeat in range(config["repeats"]):
         if trace and repeat == config["repeats"] - 1:
             tf.profiler.experimental.start(trace)
-        start = time.perf_counter()
-        block(config["steps"])
-        times.append(time.perf_counter() - start)
+        times.append(block(config["steps"]))
     if trace:
         tf.profiler.experimental.stop()
         config["profile"] = gpu_profile(trace, times[-1], config["steps"])

@@ -35,7 +35,8 @@ DEFAULT_DATA = os.path.join(
     default="all",
     show_default=True,
     help="Towers: GPU indices (0,1,2,3), 'all' (every GPU, else one CPU tower "
-    "per core), 'cpu:N' (N logical CPU devices), or names (/gpu:1,/cpu:0).",
+    "per core), 'cpu:N' (N logical CPU devices), 'gpu:N' (N logical GPUs of GPU 0), "
+    "or names (/gpu:1,/cpu:0).",
 )
 @click.option(
     "--gpu-memory",
