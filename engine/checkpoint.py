@@ -49,21 +49,30 @@ class PinnedIterator(trackable.Trackable):
             return self.iterator._restore_from_tensors(restored_tensors)  # noqa: SLF001
 
 
-def saveable_iterators(towers, iterators) -> dict:
-    """The iterators a checkpoint can hold, by tower: the CPU towers'."""
-    return {
-        f"tower_{tower.index}": PinnedIterator(iterator, tower.device)
+def saveable_iterators(towers, iterators) -> list:
+    """The iterators a checkpoint can hold, in tower order: the CPU towers'.
+
+    A list, as before GPU towers were left out: checkpoints of CPU towers
+    keep their layout. Which towers are in it follows from the devices,
+    which a resume must keep.
+    """
+    return [
+        PinnedIterator(iterator, tower.device)
         for tower, iterator in zip(towers, iterators)
         if tower.gpu_index is None
-    }
+    ]
 
 
 def replay(
     iterators, devices, batches: int, progress: Callable[[int], None] | None = None,
-    chunk: int = 500,
+    chunk: int = 500, guard: Callable | None = None,
 ) -> None:
     """Reads and drops `batches` batches from every iterator, each on its
-    device, all towers together; reports the batches done after each chunk."""
+    device, all towers together; reports the batches done after each chunk.
+
+    With a `guard` (a watchdog's), each chunk runs under its deadline, so a
+    long replay is bounded chunk by chunk, not as a whole.
+    """
     if not iterators or batches <= 0:
         return
 
@@ -78,7 +87,10 @@ def replay(
     done = 0
     while done < batches:
         count = min(chunk, batches - done)
-        skip(tf.constant(count, tf.int64))
+        if guard is None:
+            skip(tf.constant(count, tf.int64))
+        else:
+            guard("replaying the GPU towers' readers", skip, tf.constant(count, tf.int64))
         done += count
         if progress is not None:
             progress(done)

@@ -196,12 +196,14 @@ def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: i
     steps; returns the last step's outputs and how many steps ran."""
     per_loop = options.steps_per_loop
     count = min(per_loop - done % per_loop, left)
-    if per_loop == 1:
+    if count == 1:
+        # One step goes as one step: a placement log then captures the
+        # step's graph, not a while loop's body.
         return call("train", step.train, iterators), 1
     outputs = call("train", step.train_loop, iterators, tf.constant(count, tf.int32))
     return outputs, int(outputs["steps"].numpy())
 
 
 def _train_values(source) -> dict[str, float]:
-    values = source.metrics() if isinstance(source, TowerStep) else source
+    values = source if isinstance(source, dict) else source.metrics()
     return {"loss": values["loss"], "accuracy": values["accuracy"]}

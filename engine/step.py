@@ -236,6 +236,9 @@ class TowerStep:
         finite (and not a loss-scale overflow), so that the caller sees that
         step's outputs and its number, as with one step per call.
         """
+        # An int32 argument stays in host memory (/cpu:0); the loop's control
+        # would follow it there, off the device the step is called on.
+        count = tf.identity(count)
         outputs = self._train(iterators)
         taken = tf.constant(1, tf.int32)
 

@@ -21,8 +21,10 @@ import tensorflow as tf
 class Summaries:
     """A loop watcher that writes TensorBoard event files under `logdir`."""
 
-    def __init__(self, logdir: str, profile: tuple[int, int] | None, first_step: int):
+    def __init__(self, logdir: str, profile: tuple[int, int] | None, first_step: int,
+                 steps_per_loop: int = 1):
         self.logdir = logdir
+        self.steps_per_loop = steps_per_loop
         self.writer = tf.summary.create_file_writer(logdir)
         self.profile = profile
         self.profiling = False
@@ -42,10 +44,12 @@ class Summaries:
             taken = int(outputs.get("steps", 1))
             tf.summary.scalar("train/step_seconds", (now - self._last) / taken)
         if self.profile:
-            # Steps come in loops of --steps-per-loop: the trace covers the
-            # loops that hold steps first to last.
+            # Steps come in loops of --steps-per-loop that end on its
+            # multiples: the trace covers every loop that holds a step of
+            # first to last.
             first, last = self.profile
-            if not self.profiling and first <= step + 1 <= last:
+            loop_end = step + self.steps_per_loop - step % self.steps_per_loop
+            if not self.profiling and step + 1 <= last and loop_end >= first:
                 self._start_profile()
             elif self.profiling and step >= last:
                 tf.profiler.experimental.stop()

@@ -241,6 +241,21 @@ def test_logdir_gets_scalars_and_the_profiled_steps(tmp_path):
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
+def test_loops_of_steps_write_a_scalar_per_loop_and_trace_the_asked_steps(tmp_path):
+    """--steps-per-loop 4 with --profile-steps 10:11: loops end at 1, 4, 6
+    (the epoch), 8, 12; steps 10 and 11 sit in the loop 9-12, which is
+    traced, although no loop ends at step 9 or 10."""
+    logdir = tmp_path / "tb"
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
+                     "--epochs", "2", "--steps-per-epoch", "6", "--logdir", str(logdir),
+                     "--profile-steps", "10:11", "--steps-per-loop", "4")
+    assert result.returncode == 0, result.stderr
+    scalars = read_scalars(logdir)
+    assert [s for s, _ in scalars["train/loss"]] == [1, 4, 6, 8, 12]
+    traces = list((logdir / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
 def write_lmdb_with_a_bad_record(path, digits, bad_index):
     import lmdb
 

@@ -299,8 +299,8 @@ def test_nothing_runs_on_the_default_device_unless_asked():
     one: /gpu:0 on a GPU host, where CPU towers then sent tensors to the GPU
     (seen on an H200). Here the first device is /cpu:0, and neither tower nor
     the reduce device is on it: no op runs there, and nothing crosses to it,
-    but for the held-out step's int32 argument (how many samples are real),
-    which TensorFlow keeps in host memory, /cpu:0."""
+    but for the int32 arguments (the held-out step's count of real samples,
+    the loop's count of steps), which TensorFlow keeps in host memory, /cpu:0."""
     from engine.devices import DeviceRequest, resolve
 
     placement_ = resolve(DeviceRequest(("/cpu:1", "/cpu:2"), reduce_device="/cpu:3"),
@@ -317,11 +317,15 @@ def test_nothing_runs_on_the_default_device_unless_asked():
             data = tf.data.Dataset.from_tensors((tf.ones([8, 4]), tf.zeros([8, 1], tf.int32)))
             iterators.append(iter(data.repeat()))
     valid = tf.constant([8, 8])
-    for function, args in ((step.train, (iterators,)), (step.evaluate, (iterators, valid))):
+    for function, args in ((step.train, (iterators,)), (step.evaluate, (iterators, valid)),
+                           (step.train_loop, (iterators, tf.constant(3)))):
         _, metadata = placement.collect(function, *args)
         entries = placement.records(metadata, "step", placement_.devices,
                                     function.get_concrete_function(*args).graph)
-        used = {e["assigned"] for e in entries if e["kind"] == "op" and e["name"] != "valid"}
-        used |= {d for e in entries if e["kind"] == "transfer" and e["tensor"] != "valid:0"
-                 for d in (e["src"], e["dst"])}
-        assert used == {"/cpu:1", "/cpu:2", "/cpu:3"}
+        arguments = ("valid", "count")
+        used = {e["assigned"] for e in entries
+                if e["kind"] == "op" and e["name"] not in arguments}
+        used |= {d for e in entries if e["kind"] == "transfer"
+                 and e["tensor"].split(":")[0] not in arguments for d in (e["src"], e["dst"])}
+        assert used == {"/cpu:1", "/cpu:2", "/cpu:3"}, [
+            (e.get("name"), e.get("op"), e.get("tensor")) for e in entries if "/cpu:0" in str(e)]

@@ -334,7 +334,7 @@ class SignalWatcher:
             self.stop.check(step)
 
 
-def replay_gpu_readers(placement: Placement, towers: Towers, say) -> str:
+def replay_gpu_readers(placement: Placement, towers: Towers, say, guard=None) -> str:
     """Puts the GPU towers' readers where the restored run left them, by
     reading and dropping the batches it had taken; returns what to add to
     the resume line.
@@ -356,14 +356,14 @@ def replay_gpu_readers(placement: Placement, towers: Towers, say) -> str:
     total = sum(batches for _, batches in splits)
     if total >= REPLAY_PROGRESS:
         say(f"replaying {total:,} batches on the GPU towers' readers to the saved position")
+    before = 0
     for iterators, batches in splits:
-        chosen = [iterators[t.index] for t in gpu]
-
-        def progress(done: int, batches: int = batches) -> None:
+        def progress(done: int, before: int = before) -> None:
             if total >= REPLAY_PROGRESS:
-                say(f"  {done:,}/{batches:,} batches")
+                say(f"  {before + done:,}/{total:,} batches")
 
-        replay(chosen, devices, batches, progress)
+        replay([iterators[t.index] for t in gpu], devices, batches, progress, guard=guard)
+        before += batches
     names = ", ".join(str(t.index) for t in gpu)
     return (f"; GPU tower{'s' * (len(gpu) > 1)} {names} replayed {total:,} batches to "
             "that data position (DALI cannot save a GPU pipeline's position)")
@@ -444,7 +444,7 @@ def train(
                  "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
         if towers.held_out is not None:
             state["held_out"] = [
-                saveable_iterators(placement.towers, towers.held_out.iterators),
+                *saveable_iterators(placement.towers, towers.held_out.iterators),
                 towers.held_out.position,
             ]
         checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
@@ -459,8 +459,7 @@ def train(
                 )
             if path:
                 say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
-                    + guard("replaying the GPU towers' readers", replay_gpu_readers,
-                            placement, towers, say))
+                    + replay_gpu_readers(placement, towers, say, guard))
             else:
                 say(f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
                     "starting from the beginning")
@@ -469,7 +468,8 @@ def train(
     summaries = None
     if options.logdir:
         summaries = Summaries(
-            options.logdir, options.profile_steps, int(towers.step.global_step.numpy())
+            options.logdir, options.profile_steps, int(towers.step.global_step.numpy()),
+            options.loop.steps_per_loop,
         )
         watchers.append(summaries)
     if stop is not None:

@@ -1,0 +1,97 @@
+"""The outer loop with --steps-per-loop: which steps each call runs, and what
+the watchers and the progress line see. A fake step records its calls."""
+
+import io
+
+import pytest
+import tensorflow as tf
+
+from engine import loop
+from engine.progress import EpochProgress
+
+
+class FakeStep:
+    """Counts steps like TowerStep and records how many each call ran."""
+
+    def __init__(self, done: int = 0):
+        self.global_step = tf.Variable(done, dtype=tf.int64)
+        self.skipped = tf.Variable(0, dtype=tf.int64)
+        self.loss_scale = type("NoScale", (), {"dynamic": False})()
+        self.calls = []
+
+    def reset_metrics(self):
+        pass
+
+    def metrics(self):
+        return {"steps": 0, "loss": 1.0, "accuracy": 0.5}
+
+    def _run(self, count):
+        self.calls.append(count)
+        self.global_step.assign_add(count)
+        return {"loss": tf.constant(1.0), "accuracy": tf.constant(0.5),
+                "finite": tf.constant([True]), "overflow": tf.constant(False),
+                "steps": tf.constant(count)}
+
+    def train(self, iterators):
+        return self._run(1)
+
+    def train_loop(self, iterators, count):
+        return self._run(int(count))
+
+
+class Steps:
+    """A watcher that records the global step after every call."""
+
+    def __init__(self):
+        self.seen = []
+
+    def after_step(self, step, outputs):
+        self.seen.append(step)
+
+    def after_epoch(self, epoch, step, record):
+        pass
+
+
+def run(step, per_loop, epochs=2, per_epoch=10):
+    batch = (tf.zeros([4, 1]), tf.zeros([4, 1], tf.int32))
+    iterators = [iter(tf.data.Dataset.from_tensors(batch).repeat())]
+    watcher, stream = Steps(), io.StringIO()
+    options = loop.LoopOptions(epochs=epochs, steps_per_epoch=per_epoch, eval_steps=0,
+                               steps_per_loop=per_loop)
+    records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0),
+                       watchers=[watcher])
+    return records, watcher.seen, stream.getvalue()
+
+
+def test_loops_end_on_multiples_of_k_and_at_epoch_ends():
+    step = FakeStep()
+    records, seen, out = run(step, per_loop=4)
+    # Step 1 alone (it traces the step), then loops up to multiples of 4,
+    # clipped at each epoch's end (10, 20).
+    assert step.calls == [1, 3, 4, 2, 2, 4, 4]
+    assert seen == [1, 4, 8, 10, 12, 16, 20]
+    assert [r["epoch"] for r in records] == [1, 2]
+    # The live line counts the epoch's steps done after each loop.
+    live = [line.split(" ")[0] for line in out.splitlines() if "━" in line]
+    assert live[:3] == ["1/10", "4/10", "8/10"]
+
+
+def test_a_resumed_run_goes_on_from_its_step_on_the_same_multiples():
+    step = FakeStep(done=6)
+    records, seen, _ = run(step, per_loop=4, epochs=1)
+    assert step.calls == [1, 1, 2]  # 7 alone, then up to 8, then 9-10
+    assert seen == [7, 8, 10]
+    assert [r["epoch"] for r in records] == [1]
+
+
+def test_one_step_per_call_is_the_plain_step():
+    step = FakeStep()
+    _, seen, _ = run(step, per_loop=1, epochs=1, per_epoch=3)
+    assert step.calls == [1, 1, 1] and seen == [1, 2, 3]
+
+
+@pytest.mark.parametrize("per_loop, calls", [(3, [1, 2, 3, 1]), (100, [1, 6])])
+def test_loops_never_cross_an_epoch(per_loop, calls):
+    step = FakeStep()
+    run(step, per_loop=per_loop, epochs=1, per_epoch=7)
+    assert step.calls == calls
