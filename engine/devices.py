@@ -299,12 +299,15 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
                 f"--devices gpu:{request.logical_gpus} splits GPU 0 into logical GPUs, "
                 "but this machine has no GPU; use --devices cpu:N for N CPU towers"
             )
+        # The towers are GPU 0's; the other GPUs are hidden: once a GPU is
+        # split, TensorFlow grows memory on none, and would take all of theirs.
+        tf.config.set_visible_devices([*tf.config.list_physical_devices("CPU"), gpus[0]])
         split_gpu(request.logical_gpus, request.gpu_memory_mb)
-        physical = logical_gpu_map(request.logical_gpus, len(gpus))
-    for gpu in gpus[1 if request.logical_gpus is not None else 0:]:
+        physical = logical_gpu_map(request.logical_gpus, 1)
+        gpus = []  # the split GPU has fixed limits instead of growth
+    for gpu in gpus:
         # DALI allocates GPU memory of its own beside TensorFlow's: let
         # TensorFlow grow into the memory it needs instead of taking it all.
-        # (A split GPU has fixed limits instead; TensorFlow allows no growth there.)
         tf.config.experimental.set_memory_growth(gpu, True)
     if request.towers is None and not gpus and connect is None:
         logical_cpus = default_cpu_towers()

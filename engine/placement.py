@@ -167,8 +167,11 @@ def records(
         }
         optimized = {node.name: node for node in function_graph.post_optimization_graph.node}
         for partition in function_graph.partition_graphs:
-            # Partitioning adds nodes of its own (lowered control flow).
-            optimized.update((node.name, node) for node in partition.node)
+            # Partitioning adds nodes of its own (lowered control flow); the
+            # nodes it keeps are better read in the optimized graph, where a
+            # cross-device input is still the op, not a _Recv.
+            for node in partition.node:
+                optimized.setdefault(node.name, node)
             ops_by_name = {node.name: node.op for node in partition.node}
             for node in partition.node:
                 if node.op in RECVS:

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from conftest import digit_iterators, run_cli
 
-from engine import placement_report, precision
+from engine import placement, placement_report, precision
 from engine.devices import DeviceRequest, resolve
 from engine.loss_scale import DynamicLossScale
 from engine.reducers import Central
@@ -91,6 +91,16 @@ def test_an_xla_compiled_update_trains_like_the_plain_one(digits):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
     assert int(compiled.variables.optimizers[1].iterations.numpy()) == STEPS
     assert compiled.variables.check(0.0, STEPS) == 0.0
+    # Adam's square roots run as ops of their own only in the plain update;
+    # compiled, they are inside one call per replica. (A step's graphs are in
+    # the run metadata of its first call only: fresh steps.)
+    for xla_update, sqrt in ((False, True), (True, False)):
+        step = make_step(xla=True, optimizer=adam, xla_update=xla_update)
+        iterators = tower_iterators(digits, step, steps=1)
+        _, metadata = placement.collect(step.train, iterators)
+        ops = placement.records(metadata, "train", step.placement.devices)
+        update = [e for e in ops if e["kind"] == "op" and "/update/" in e["name"]]
+        assert any(e["op"] == "Sqrt" for e in update) == sqrt
 
 
 def test_xla_towers_take_the_loss_scale_from_the_reduce_device(digits):
