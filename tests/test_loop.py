@@ -95,3 +95,18 @@ def test_loops_never_cross_an_epoch(per_loop, calls):
     step = FakeStep()
     run(step, per_loop=per_loop, epochs=1, per_epoch=7)
     assert step.calls == calls
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"steps_per_loop": 0}, "--steps-per-loop (0) must be a positive integer"),
+        ({"steps_per_loop": 4, "check_replicas": 6},
+         "--check-replicas 6 is not a multiple of --steps-per-loop 4; the replicas are "
+         "compared between loops"),
+    ],
+)
+def test_loop_options_refuse_what_loops_cannot_do(options, message):
+    with pytest.raises(ValueError) as err:
+        loop.LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, **options)
+    assert str(err.value) == message

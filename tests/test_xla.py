@@ -83,14 +83,15 @@ def test_an_xla_compiled_update_trains_like_the_plain_one(digits):
     adam = lambda: keras.optimizers.Adam(2e-3)  # noqa: E731
     plain, compiled = make_step(xla=True, optimizer=adam), make_step(
         xla=True, optimizer=adam, xla_update=True)
+    steps = 10
     for step in (plain, compiled):
-        iterators = tower_iterators(digits, step)
-        for _ in range(STEPS):
+        iterators = tower_iterators(digits, step, steps)
+        for _ in range(steps):
             step.train(iterators)
     for a, b in zip(plain.model.trainable_variables, compiled.model.trainable_variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
-    assert int(compiled.variables.optimizers[1].iterations.numpy()) == STEPS
-    assert compiled.variables.check(0.0, STEPS) == 0.0
+    assert int(compiled.variables.optimizers[1].iterations.numpy()) == steps
+    assert compiled.variables.check(0.0, steps) == 0.0
     # Adam's square roots run as ops of their own only in the plain update;
     # compiled, they are inside one call per replica. (A step's graphs are in
     # the run metadata of its first call only: fresh steps.)
