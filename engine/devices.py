@@ -299,9 +299,6 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
                 f"--devices gpu:{request.logical_gpus} splits GPU 0 into logical GPUs, "
                 "but this machine has no GPU; use --devices cpu:N for N CPU towers"
             )
-        # The towers are GPU 0's; the other GPUs are hidden: once a GPU is
-        # split, TensorFlow grows memory on none, and would take all of theirs.
-        tf.config.set_visible_devices([*tf.config.list_physical_devices("CPU"), gpus[0]])
         split_gpu(request.logical_gpus, request.gpu_memory_mb)
         physical = logical_gpu_map(request.logical_gpus, 1)
         gpus = []  # the split GPU has fixed limits instead of growth
@@ -327,20 +324,20 @@ def logical_gpu_map(split: int, physical_gpus: int) -> dict[str, int]:
 
 
 def split_gpu(count: int, memory_mb: int) -> None:
-    """Splits GPU 0 into `count` logical GPUs of `memory_mb` each, once per process."""
+    """Splits GPU 0 into `count` logical GPUs of `memory_mb` each, once per
+    process, and hides the other GPUs: once a GPU is split, TensorFlow grows
+    memory on none, and would take all of theirs."""
     import tensorflow as tf
 
-    gpu = tf.config.list_physical_devices("GPU")[0]
-    wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * count
-    try:
-        tf.config.set_logical_device_configuration(gpu, wanted)
-    except RuntimeError as err:
-        have = len(tf.config.list_logical_devices("GPU"))
-        if have != count + len(tf.config.list_physical_devices("GPU")) - 1:
-            raise DeviceError(
-                f"cannot split GPU 0 into {count} devices: TensorFlow is already "
-                f"initialised with {have} GPU(s); split once per process, before use"
-            ) from err
+    gpus = tf.config.list_physical_devices("GPU")
+
+    def split():
+        if len(gpus) > 1:
+            tf.config.set_visible_devices([*tf.config.list_physical_devices("CPU"), gpus[0]])
+        wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * count
+        tf.config.set_logical_device_configuration(gpus[0], wanted)
+
+    _split_once(split, "GPU", count, "GPU 0")
 
 
 def split_host_cpu(count: int) -> None:
@@ -348,13 +345,25 @@ def split_host_cpu(count: int) -> None:
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
-    wanted = [tf.config.LogicalDeviceConfiguration()] * count
+    _split_once(
+        lambda: tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count
+        ),
+        "CPU", count, "the CPU",
+    )
+
+
+def _split_once(split: Callable[[], None], kind: str, count: int, what: str) -> None:
+    """Runs `split`; TensorFlow refuses once it is initialised, which is fine
+    when it already has `count` devices of `kind`, and a DeviceError if not."""
+    import tensorflow as tf
+
     try:
-        tf.config.set_logical_device_configuration(cpu, wanted)
+        split()
     except RuntimeError as err:
-        have = len(tf.config.list_logical_devices("CPU"))
+        have = len(tf.config.list_logical_devices(kind))
         if have != count:
             raise DeviceError(
-                f"cannot split the CPU into {count} devices: TensorFlow is already "
+                f"cannot split {what} into {count} devices: TensorFlow is already "
                 f"initialised with {have}; split once per process, before use"
             ) from err

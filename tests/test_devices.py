@@ -182,3 +182,21 @@ def test_missing_remote_device_asks_about_the_cluster():
         "/job:worker/task:0/cpu:0 (is /job:worker/task:2 in the cluster? tower-worker "
         "--cpus N gives a worker N CPU devices)"
     )
+
+
+def test_splitting_again_is_fine_only_for_the_same_count():
+    """conftest split the CPU into eight at import; listing them initialises
+    TensorFlow, which then refuses another split."""
+    import tensorflow as tf
+    from conftest import LOGICAL_CPUS
+
+    from engine.devices import split_host_cpu
+
+    assert len(tf.config.list_logical_devices("CPU")) == LOGICAL_CPUS
+    split_host_cpu(LOGICAL_CPUS)  # what is there already: no error
+    with pytest.raises(DeviceError) as err:
+        split_host_cpu(3)
+    assert str(err.value) == (
+        f"cannot split the CPU into 3 devices: TensorFlow is already initialised with "
+        f"{LOGICAL_CPUS}; split once per process, before use"
+    )
