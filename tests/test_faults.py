@@ -255,7 +255,7 @@ def test_loops_of_steps_write_a_scalar_per_loop_and_trace_the_asked_steps(tmp_pa
 def write_lmdb_with_a_bad_record(path, digits, bad_index):
     import lmdb
 
-    from engine import records
+    from engine.data import records
 
     env = lmdb.open(str(path), map_size=1 << 26, subdir=True)
     with env.begin(write=True) as txn:
@@ -286,7 +286,7 @@ def test_a_corrupt_lmdb_record_is_named_with_the_tower(tmp_path, digits):
 
 
 def test_an_unreadable_image_file_is_named(tmp_path, digits):
-    from engine import records
+    from engine.data import records
 
     for name in ("a", "b"):
         folder = tmp_path / "train" / name
@@ -327,9 +327,9 @@ def test_a_damaged_checkpoint_list_still_finds_the_checkpoints(tmp_path):
 
 def test_a_signal_in_the_last_step_of_an_epoch_keeps_its_evaluation(tmp_path):
     """The signal is honoured after the epoch's evaluation, metrics and checkpoint."""
-    from engine.signals import GracefulStop
-    from towers.train import SignalWatcher
-    from engine.loop import LoopOptions
+    from engine.core.loop import LoopOptions
+    from engine.run.signals import GracefulStop
+    from engine.run.trainer import SignalWatcher
 
     stop = GracefulStop()
     stop.requested = signal.SIGINT

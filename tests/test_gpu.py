@@ -13,10 +13,13 @@ import tensorflow as tf
 from conftest import GPUS, LOGICAL_GPUS, needs_gpu, run_cli
 from test_reducers import ALL, check_means, run_reducer
 
-from engine import data, loop, placement_report, reducers
-from engine.devices import logical_gpu_map, parse_request, resolve
-from engine.progress import EpochProgress
-from towers import train
+from engine import reducers
+from engine.core import loop
+from engine.data import pipeline as data
+from engine.placement import report as placement_report
+from engine.run import trainer as train
+from engine.run.progress import EpochProgress
+from engine.topology.devices import logical_gpu_map, parse_request, resolve
 
 pytestmark = needs_gpu
 

@@ -6,8 +6,8 @@ import io
 import pytest
 import tensorflow as tf
 
-from engine import loop
-from engine.progress import EpochProgress
+from engine.core import loop
+from engine.run.progress import EpochProgress
 
 
 class FakeStep:

@@ -8,13 +8,13 @@ import pytest
 import tensorflow as tf
 from conftest import digit_iterators, run_cli
 
-from engine import precision
-from engine.devices import DeviceRequest, Placement, Tower, resolve
-from engine.guard import NonFiniteError, NonFiniteGuard
-from engine.loss_scale import DynamicLossScale, next_scale
+from engine.core import precision
+from engine.core.loss_scale import DynamicLossScale, next_scale
+from engine.core.step import TowerStep
+from engine.core.variables import ReduceDeviceVariables
 from engine.reducers import Central
-from engine.step import TowerStep
-from engine.variables import ReduceDeviceVariables
+from engine.run.guard import NonFiniteError, NonFiniteGuard
+from engine.topology.devices import DeviceRequest, Placement, Tower, resolve
 from towers import models
 
 BATCH = 32

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from engine import mnist, records
+from engine.data import mnist, records
 
 
 def test_the_wheel_holds_the_real_digits(digits):

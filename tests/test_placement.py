@@ -8,10 +8,12 @@ import pytest
 import tensorflow as tf
 from conftest import run_cli
 
-from engine import placement, placement_render, placement_report
+from engine.core.step import TowerStep, sparse_cross_entropy
+from engine.core.variables import ReduceDeviceVariables
+from engine.placement import log as placement
+from engine.placement import render as placement_render
+from engine.placement import report as placement_report
 from engine.reducers import Central
-from engine.step import TowerStep, sparse_cross_entropy
-from engine.variables import ReduceDeviceVariables
 
 
 def train_with_log(mnist_dir, tmp_path, devices, *extra, name="log.jsonl"):
@@ -136,7 +138,7 @@ class GradientOffTower(TowerStep):
 
 
 def test_gradient_computed_outside_the_tower_scope_is_flagged():
-    from engine.devices import DeviceRequest, resolve
+    from engine.topology.devices import DeviceRequest, resolve
 
     placement_ = resolve(DeviceRequest(("/cpu:1", "/cpu:2"), reduce_device="/cpu:0"),
                          [f"/cpu:{k}" for k in range(4)])
@@ -265,7 +267,7 @@ def test_log_device_placement_passes_through_to_tensorflow():
 def tiny_step(towers, reduce_device, optimizer):
     """A softmax regression step on `towers`, each fed ones from its own
     device, on CPU devices 0-3: (step, iterators, placement)."""
-    from engine.devices import DeviceRequest, resolve
+    from engine.topology.devices import DeviceRequest, resolve
 
     placement_ = resolve(DeviceRequest(towers, reduce_device=reduce_device),
                          [f"/cpu:{k}" for k in range(4)])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from nvidia.dali import fn, pipeline_def, types
 
-from engine import records
+from engine.data import records
 
 
 @pipeline_def(batch_size=8, num_threads=1, device_id=None)

@@ -10,17 +10,18 @@ import tensorflow as tf
 from conftest import LOGICAL_CPUS, run_cli
 from hypothesis import given, settings
 
-from engine import loop, reducers
-from engine.devices import DeviceRequest, canonical, resolve
-from engine.reducers import ReducerError, ReducerOptions, measure
-from engine.reducers.hierarchical import groups_of
-from engine.reducers.packing import plan
-from engine.step import TowerStep
-from engine.variables import (
+from engine import reducers
+from engine.core import loop
+from engine.core.step import TowerStep
+from engine.core.variables import (
     ReduceDeviceVariables,
     ReplicaDriftError,
     ReplicatedVariables,
 )
+from engine.reducers import ReducerError, ReducerOptions, measure
+from engine.reducers.hierarchical import groups_of
+from engine.reducers.packing import plan
+from engine.topology.devices import DeviceRequest, canonical, resolve
 from towers import models
 
 DEVICES = [f"/cpu:{k}" for k in range(LOGICAL_CPUS)]
@@ -187,7 +188,7 @@ def test_nccl_refuses_cpu_towers_with_a_clear_error():
 
 
 def test_nccl_refuses_towers_that_share_a_physical_gpu():
-    from engine.devices import logical_gpu_map, parse_request, resolve
+    from engine.topology.devices import logical_gpu_map, parse_request, resolve
 
     visible = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2"]
     placement_ = resolve(parse_request("gpu:3"), visible, logical_gpu_map(3, 1))
@@ -282,7 +283,7 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
     options = loop.LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, check_replicas=3)
     import io
 
-    from engine.progress import EpochProgress
+    from engine.run.progress import EpochProgress
     with pytest.raises(ReplicaDriftError, match=r"^--check-replicas: after step 3, tower 1's copy"):
         loop.run(step, iterators, None, options, EpochProgress(io.StringIO()))
     assert int(step.global_step.numpy()) == 3

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import placement
-from engine.devices import DeviceRequest, resolve
+from engine.core.step import TowerStep, tower_gradients
+from engine.core.variables import ReduceDeviceVariables
+from engine.placement import log as placement
 from engine.reducers import Central
-from engine.step import TowerStep, tower_gradients
-from engine.variables import ReduceDeviceVariables
+from engine.topology.devices import DeviceRequest, resolve
 from towers import models
 
 BATCH = 16

@@ -6,12 +6,14 @@ import pytest
 import tensorflow as tf
 from conftest import digit_iterators, run_cli
 
-from engine import placement, placement_report, precision
-from engine.devices import DeviceRequest, resolve
-from engine.loss_scale import DynamicLossScale
+from engine.core import precision
+from engine.core.loss_scale import DynamicLossScale
+from engine.core.step import TowerStep
+from engine.core.variables import ReplicatedVariables
+from engine.placement import log as placement
+from engine.placement import report as placement_report
 from engine.reducers import Central
-from engine.step import TowerStep
-from engine.variables import ReplicatedVariables
+from engine.topology.devices import DeviceRequest, resolve
 from towers import models
 
 BATCH = 32

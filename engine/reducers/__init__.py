@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from engine.devices import Placement
 from engine.reducers.base import COMPRESSION, FlatReducer, Link, Reducer, ReducerError
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
@@ -19,6 +18,7 @@ from engine.reducers.nccl import Nccl
 from engine.reducers.packing import Packed
 from engine.reducers.ring import ring_all_reduce
 from engine.reducers.tree import halving_doubling
+from engine.topology.devices import Placement
 from engine.userfn import load_function
 
 BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl")

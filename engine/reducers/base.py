@@ -23,7 +23,7 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from engine import scopes
+from engine.core import scopes
 
 COMPRESSION = {"fp16": tf.float16, "bf16": tf.bfloat16}
 

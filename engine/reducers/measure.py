@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from engine import placement
+from engine.placement import log as placement
 
 
 def reduction_transfers(

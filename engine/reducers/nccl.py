@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.devices import Placement, split_name
 from engine.reducers.base import FlatReducer, ReducerError
+from engine.topology.devices import Placement, split_name
 
 
 class Nccl:

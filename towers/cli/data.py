@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from towers.cli_common import OneLineGroup, UsageFailure
+from towers.cli.common import OneLineGroup, UsageFailure
 
 
 @click.group(name="tower-data", cls=OneLineGroup)
@@ -24,7 +24,7 @@ def tower_data():
 def mnist(directory, source):
     """Write real MNIST to DIRECTORY/train (60,000) and DIRECTORY/val (10,000)
     as Caffe2 LMDB databases, the layout DALI's caffe2 reader reads."""
-    from engine import mnist as mnist_data
+    from engine.data import mnist as mnist_data
 
     try:
         meta = mnist_data.prepare(directory, source, log=lambda m: click.echo(m))

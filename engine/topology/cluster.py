@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from engine.devices import CHIEF, CLIENT
+from engine.topology.devices import CHIEF, CLIENT
 
 _JOB = re.compile(r"^[A-Za-z_][\w-]*$")
 _ADDRESS = re.compile(r"^(?P<host>[\w.-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")

@@ -13,23 +13,26 @@ from typing import TextIO
 import keras
 import tensorflow as tf
 
-from engine import data, loop, loss_scale, placement_report, precision, reducers
-from engine import variables as variables_lib
-from engine.checkpoint import (
+from engine import reducers
+from engine.core import loop, loss_scale, precision
+from engine.core import variables as variables_lib
+from engine.core.step import TowerStep
+from engine.data import pipeline as data
+from engine.placement import report as placement_report
+from engine.placement.log import PlacementLog, RunInfo
+from engine.run.checkpoint import (
     CheckpointError,
     CheckpointOptions,
     Checkpoints,
     replay,
     saveable_iterators,
 )
-from engine.devices import Placement
-from engine.guard import NonFiniteError, NonFiniteGuard
-from engine.placement import PlacementLog, RunInfo
-from engine.progress import EpochProgress
-from engine.signals import GracefulStop, StopRequested
-from engine.step import TowerStep
-from engine.summaries import Summaries
-from engine.watchdog import Watchdog
+from engine.run.guard import NonFiniteError, NonFiniteGuard
+from engine.run.progress import EpochProgress
+from engine.run.signals import GracefulStop, StopRequested
+from engine.run.summaries import Summaries
+from engine.run.watchdog import Watchdog
+from engine.topology.devices import Placement
 from towers import models
 
 OPTIMIZERS = {

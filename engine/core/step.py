@@ -15,11 +15,11 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from engine import scopes
-from engine.devices import Placement
-from engine.loss_scale import NoLossScale
-from engine.on_device import OnDevice
+from engine.core import scopes
+from engine.core.loss_scale import NoLossScale
+from engine.core.on_device import OnDevice
 from engine.reducers.base import Reducer, mean
+from engine.topology.devices import Placement
 
 
 class TowerResult(NamedTuple):

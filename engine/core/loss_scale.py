@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine import scopes
+from engine.core import scopes
 
 INITIAL = 2.0**15  # Keras' LossScaleOptimizer starts here too
 GROWTH_INTERVAL = 2000

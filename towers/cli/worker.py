@@ -17,8 +17,8 @@ import threading
 
 import click
 
-from engine.cluster import probe, valid_port
-from towers.cli_common import OneLineCommand, UsageFailure, fail, import_tensorflow
+from engine.topology.cluster import probe, valid_port
+from towers.cli.common import OneLineCommand, UsageFailure, fail, import_tensorflow
 
 
 @click.command(name="tower-worker", cls=OneLineCommand)
@@ -91,7 +91,7 @@ def _wait_for_stop() -> None:
 
 def _port_from_tf_config() -> int:
     """This task's port from TF_CONFIG's cluster and task."""
-    from engine import cluster
+    from engine.topology import cluster
 
     try:
         return cluster.own_port(os.environ.get("TF_CONFIG"))

@@ -37,8 +37,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import op_def_registry
 
-from engine import scopes
-from engine.devices import canonical
+from engine.core import scopes
+from engine.topology.devices import canonical
 
 SENDS = ("_Send", "_HostSend")
 RECVS = ("_Recv", "_HostRecv")

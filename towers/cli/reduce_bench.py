@@ -15,7 +15,7 @@ import time
 
 import click
 
-from towers.cli_common import (
+from towers.cli.common import (
     OneLineCommand,
     UsageFailure,
     check_output_path,
@@ -34,7 +34,8 @@ def parse_size(text: str) -> int:
 
 def measure(reducer_name, placement, size, options, variables, repeats, warmup):
     """One row of the table: `reducer_name` on one float32 tensor of `size` per tower."""
-    from engine import placement_report, reducers
+    from engine import reducers
+    from engine.placement import report as placement_report
     from engine.reducers.measure import reduction_transfers
 
     reducer = reducers.build(options, placement)
@@ -112,7 +113,7 @@ def table(rows) -> str:
 def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, compress,
                  repeats, warmup, json_path):
     """Time each reducer alone and compare the bytes it moves with its ideal."""
-    from engine import devices as devs
+    from engine.topology import devices as devs
 
     check_output_path("--json", json_path)
     try:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
-from engine.on_device import OnDevice
+from engine.core.on_device import OnDevice
 
 
 class PinnedIterator(trackable.Trackable):

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from towers.cli_common import (
+from towers.cli.common import (
     OneLineCommand,
     UsageFailure,
     check_output_dir,
@@ -196,8 +196,8 @@ def tower_train(
     step_timeout,
 ):
     """Train a model with one explicit tower per device."""
-    from engine import data
-    from engine import devices as devs
+    from engine.data import pipeline as data
+    from engine.topology import devices as devs
 
     try:
         request = devs.parse_request(devices, reduce_device, gpu_memory)
@@ -256,9 +256,11 @@ def tower_train(
             data.eval_batches(info.val_size, batch_size, towers) if info.val_size else 0
         )
 
-    from engine import loop, precision, reducers
-    from engine.checkpoint import CheckpointOptions
-    from towers import models, train
+    from engine import reducers
+    from engine.core import loop, precision
+    from engine.run import trainer as train
+    from engine.run.checkpoint import CheckpointOptions
+    from towers import models
 
     try:
         models.resolve(model)
@@ -304,8 +306,8 @@ def tower_train(
 def _cluster(spec, connect_timeout, request):
     """The cluster from --cluster, else from TF_CONFIG, else None; remote
     towers without one are refused."""
-    from engine import cluster as cluster_lib
-    from engine import devices as devs
+    from engine.topology import cluster as cluster_lib
+    from engine.topology import devices as devs
 
     text = os.environ.get("TF_CONFIG") if spec is None else spec
     remote = [
@@ -336,8 +338,8 @@ def _cluster(spec, connect_timeout, request):
 def _connect(cluster, step_timeout, checkpoint_dir):
     """Waits for every task to answer; returns the watchdog that bounds the
     connection and each step from here on."""
-    from engine import cluster as cluster_lib
-    from engine.watchdog import Watchdog
+    from engine.run.watchdog import Watchdog
+    from engine.topology import cluster as cluster_lib
 
     try:
         cluster_lib.check_chief_port(cluster)
@@ -368,7 +370,7 @@ def _connector(cluster, watchdog):
     """What configure() calls to connect, under the watchdog, or None."""
     if cluster is None:
         return None
-    from engine import cluster as cluster_lib
+    from engine.topology import cluster as cluster_lib
 
     def connect():
         import tensorflow as tf
@@ -396,7 +398,7 @@ def _resume_advice(checkpoint_dir) -> str:
 
 def _start_tensorflow(request, reducer, deterministic, log_device_placement) -> None:
     """Imports TensorFlow and sets what must be set before it starts."""
-    from engine import devices as devs
+    from engine.topology import devices as devs
 
     if log_device_placement:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
@@ -430,7 +432,7 @@ def _check_data_fits(info, towers: int, batch_size: int) -> None:
 
 
 def _inspect(data_path, data_format):
-    from engine import data
+    from engine.data import pipeline as data
 
     try:
         return data.inspect(data_path, data_format)
@@ -440,7 +442,7 @@ def _inspect(data_path, data_format):
 
 def _default_dataset(data_format):
     """The default real MNIST, prepared on first use."""
-    from engine import mnist
+    from engine.data import mnist
 
     if not mnist.is_prepared(DEFAULT_DATA):
         click.echo(
@@ -457,14 +459,14 @@ def _default_dataset(data_format):
 def _train(placement, options, info, cluster=None, watchdog=None):
     import tensorflow as tf
 
-    from engine.checkpoint import CheckpointError
-    from engine.data import GpuUnavailableError
-    from engine.guard import NonFiniteError
-    from engine.placement import StrayPlacementError
+    from engine.core.variables import ReplicaDriftError
+    from engine.data.pipeline import GpuUnavailableError
+    from engine.placement.log import StrayPlacementError
     from engine.reducers import ReducerError
-    from engine.signals import GracefulStop, StopRequested
-    from engine.variables import ReplicaDriftError
-    from towers import train
+    from engine.run import trainer as train
+    from engine.run.checkpoint import CheckpointError
+    from engine.run.guard import NonFiniteError
+    from engine.run.signals import GracefulStop, StopRequested
     from towers.models import ModelError
 
     try:
@@ -499,7 +501,7 @@ def _train(placement, options, info, cluster=None, watchdog=None):
         fail("tower-train", str(err), 1)
     except tf.errors.OpError as err:
         if cluster is not None:
-            from engine import cluster as cluster_lib
+            from engine.topology import cluster as cluster_lib
 
             down = cluster_lib.unreachable(cluster)
             if down:
@@ -511,7 +513,7 @@ def _train(placement, options, info, cluster=None, watchdog=None):
 def _explain_op_error(err, placement, info) -> str:
     """One line for a TensorFlow error during training; for a sample DALI
     could not decode, the tower that hit it and the sample(s) at fault."""
-    from engine import data_check
+    from engine.data import check as data_check
 
     message = str(err.message)
     tower = data_check.failing_tower(message)

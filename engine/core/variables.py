@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from engine import scopes
-from engine.on_device import OnDevice
-from engine.devices import Placement
+from engine.core import scopes
+from engine.core.on_device import OnDevice
+from engine.topology.devices import Placement
 
 MODES = ("reduce-device", "replicated")
 

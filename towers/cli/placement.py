@@ -7,11 +7,11 @@ import os
 
 import click
 
-from towers.cli_common import OneLineGroup, UsageFailure
+from towers.cli.common import OneLineGroup, UsageFailure
 
 
 def _load(path: str) -> list[dict]:
-    from engine import placement_report
+    from engine.placement import report as placement_report
 
     try:
         entries = placement_report.load(path)
@@ -36,7 +36,7 @@ def tower_placement():
 @click.argument("log")
 def summary(log):
     """Ops per device per tower, the transfer matrix, and stray ops."""
-    from engine import placement_report
+    from engine.placement import report as placement_report
 
     click.echo(placement_report.summary(_load(log)))
 
@@ -46,7 +46,7 @@ def summary(log):
 @click.argument("log_b")
 def diff(log_a, log_b):
     """What changed from LOG_A to LOG_B."""
-    from engine import placement_report
+    from engine.placement import report as placement_report
 
     click.echo(placement_report.diff(_load(log_a), _load(log_b)))
 
@@ -58,7 +58,7 @@ def diff(log_a, log_b):
               type=click.Choice(["train", "eval"]))
 def render(log, output, step):
     """Draw devices as boxes and transfers as arrows labelled with bytes per step."""
-    from engine import placement_render
+    from engine.placement import render as placement_render
 
     if not output.endswith(placement_render.FORMATS):
         raise UsageFailure(

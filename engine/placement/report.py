@@ -6,7 +6,7 @@ import collections
 import json
 from collections.abc import Iterable, Sequence
 
-from engine.devices import task_of
+from engine.topology.devices import task_of
 
 STEPS = ("train", "eval")
 

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 
-from engine.devices import Tower, task_of
+from engine.topology.devices import Tower, task_of
 
 FORMATS = ("caffe2", "folder", "synthetic")
 READER = "Reader"
@@ -149,7 +149,7 @@ def _detect(train: str) -> str:
 
 
 def _lmdb_info(root: str, train: str, val: str | None) -> DatasetInfo:
-    from engine.records import count_records
+    from engine.data.records import count_records
 
     for split in (train, val):
         if split and not os.path.isfile(os.path.join(split, "data.mdb")):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import keras
 
-from engine.devices import Placement
+from engine.topology.devices import Placement
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}

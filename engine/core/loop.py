@@ -9,9 +9,9 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from engine import data
-from engine.progress import EpochProgress, MetricsFile
-from engine.step import TowerStep
+from engine.core.step import TowerStep
+from engine.data import pipeline as data
+from engine.run.progress import EpochProgress, MetricsFile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Input: DALI pipelines per tower, data-set inspection and checks, MNIST, record files."""

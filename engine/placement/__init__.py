@@ -1,0 +1,1 @@
+"""The placement log: capture where every op ran, report it, draw it."""

@@ -1,0 +1,1 @@
+"""Where things run: device names and placements, host splits, the cluster."""

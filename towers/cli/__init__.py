@@ -1,0 +1,1 @@
+"""The command-line tools: thin layers over the library."""
