@@ -16,8 +16,8 @@ from engine.reducers.collective import Collective
 from engine.reducers.hierarchical import hierarchical_all_reduce
 from engine.reducers.nccl import Nccl
 from engine.reducers.packing import Packed
-from engine.reducers.ring import ring_all_reduce
-from engine.reducers.tree import halving_doubling
+from engine.reducers.ring import ring_all_reduce, ring_traffic
+from engine.reducers.tree import halving_doubling, halving_doubling_traffic
 from engine.topology.devices import Placement
 from engine.userfn import load_function
 
@@ -67,15 +67,21 @@ class ReducerOptions:
 
 
 def build(options: ReducerOptions, placement: Placement) -> Reducer:
-    """The reducer for `options`, checked against the placement."""
+    """The reducer for `options`, checked against the placement.
+
+    central, ring and tree declare the bytes they move (a `traffic` method,
+    engine/reducers/conformance.py); the others have no figure.
+    """
     link = Link(options.compress if options.name in _HOP_BY_HOP else None)
     devices = placement.devices
     if options.name == "central":
         reducer = Central(placement.reduce_device, link)
     elif options.name == "ring":
-        reducer = FlatReducer(functools.partial(ring_all_reduce, link=link), link)
+        reducer = FlatReducer(functools.partial(ring_all_reduce, link=link), link, ring_traffic)
     elif options.name == "tree":
-        reducer = FlatReducer(functools.partial(halving_doubling, link=link), link)
+        reducer = FlatReducer(
+            functools.partial(halving_doubling, link=link), link, halving_doubling_traffic
+        )
     elif options.name == "hierarchical":
         all_reduce = functools.partial(
             hierarchical_all_reduce, link=link, group_size=options.group_size

@@ -13,6 +13,10 @@ A reducer is one call:
 Every op a reducer makes is placed with `tf.device`. The built-ins run on flat
 1-D buffers: `reduce_flat` flattens each variable's gradients, hands them to
 an algorithm and reshapes the results on each destination.
+
+A reducer may also declare the bytes it moves with a `traffic` method; the
+contract, and the check that measures a reducer against it, are in
+conformance.py.
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ class Link:
         with tf.device(device):
             return tf.cast(packed, tensor.dtype)
 
+    def wire_bytes(self, nbytes: int) -> int:
+        """Bytes a send of `nbytes` of float32 puts on the wire through this link."""
+        narrow = COMPRESSION.get(self.compress)
+        return nbytes if narrow is None else nbytes * narrow.size // 4
+
 
 def mean(tensors: Sequence[tf.Tensor], count: int | None = None) -> tf.Tensor:
     """add_n of same-shaped tensors divided by `count` (default: how many)."""
@@ -94,6 +103,9 @@ def check_towers(tower_grads, devices) -> None:
 # An all-reduce on flat buffers: one 1-D tensor per device in, the mean of
 # them out on every device.
 AllReduce = Callable[[list[tf.Tensor], Sequence[str]], list[tf.Tensor]]
+# An all-reduce's traffic: (devices, bytes of each device's buffer) -> bytes
+# each device sends (conformance.py).
+AllReduceTraffic = Callable[[Sequence[str], int], dict[str, int]]
 
 
 def reduce_flat(
@@ -128,11 +140,34 @@ def reduce_flat(
 
 @dataclasses.dataclass(frozen=True)
 class FlatReducer:
-    """A reducer made from an all-reduce on flat buffers (see reduce_flat)."""
+    """A reducer made from an all-reduce on flat buffers (see reduce_flat).
+
+    Attributes:
+      all_reduce: the algorithm.
+      link: how results travel to destinations that are not towers.
+      all_reduce_traffic: the algorithm's figure of bytes sent per device, or
+        None when it has none (its transfers are not _Send ops, say).
+    """
 
     all_reduce: AllReduce
     link: Link = Link()
+    all_reduce_traffic: AllReduceTraffic | None = None
 
     def __call__(self, tower_grads, devices, destinations):
         with tf.name_scope(scopes.REDUCE):
             return reduce_flat(self.all_reduce, tower_grads, devices, destinations, self.link)
+
+    def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:
+        """Bytes each device sends in one call on float32 gradients of `nbytes`.
+
+        None without a figure, or when some tower is no destination: then
+        TensorFlow prunes the hops whose results no one needs, and how many
+        depends on the algorithm's routing.
+        """
+        if self.all_reduce_traffic is None or not set(devices) <= set(destinations):
+            return None
+        sent = self.all_reduce_traffic(devices, self.link.wire_bytes(nbytes))
+        others = sum(1 for d in destinations if d not in devices)
+        if others:  # reduce_flat sends the first device's result to each
+            sent[devices[0]] = sent.get(devices[0], 0) + others * self.link.wire_bytes(nbytes)
+        return sent

@@ -17,7 +17,7 @@ from engine.reducers.base import Link, check_towers, mean
 @dataclasses.dataclass(frozen=True)
 class Central:
     device: str
-    link: Link = Link()
+    link: Link = dataclasses.field(default_factory=Link)
 
     def __call__(self, tower_grads, devices, destinations):
         check_towers(tower_grads, devices)
@@ -34,3 +34,14 @@ class Central:
                 means if d == self.device else [self.link.send(m, self.device, d) for m in means]
                 for d in destinations
             ]
+
+    def traffic(self, devices, destinations, nbytes) -> dict[str, int]:
+        """Bytes each device sends in one call on float32 gradients of `nbytes`:
+        the gradient from every tower but the reduce device, the mean from the
+        reduce device to every destination but itself."""
+        wire = self.link.wire_bytes(nbytes)
+        sent = {device: wire for device in devices if device != self.device}
+        returned = sum(1 for d in destinations if d != self.device)
+        if returned:
+            sent[self.device] = returned * wire
+        return sent

@@ -57,3 +57,12 @@ def ring_all_reduce(
         with tf.device(device):
             results.append(tf.concat(chunks[i], axis=0))
     return results
+
+
+def ring_traffic(devices: Sequence[str], nbytes: int) -> dict[str, int]:
+    """Bytes each device sends in a ring all-reduce of `nbytes` per device.
+
+    2(N-1) hops of one chunk of nbytes/N: exact when N divides the elements.
+    """
+    n = len(devices)
+    return {device: 2 * (n - 1) * nbytes // n for device in devices}

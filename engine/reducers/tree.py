@@ -70,3 +70,19 @@ def halving_doubling(
     for extra in range(p, n):  # hand the folded devices their result
         results.append(link.send(results[extra - p], devices[extra - p], devices[extra]))
     return results
+
+
+def halving_doubling_traffic(devices: Sequence[str], nbytes: int) -> dict[str, int]:
+    """Bytes each device sends in `halving_doubling` of `nbytes` per device.
+
+    The P devices of the exchange send 2(P-1)/P x nbytes each (exact when P
+    divides the elements); a folded device sends its whole buffer to its
+    partner, which sends the whole result back.
+    """
+    n = len(devices)
+    p = 1 << (n.bit_length() - 1)
+    sent = {device: 2 * (p - 1) * nbytes // p for device in devices[:p]}
+    for extra in range(p, n):
+        sent[devices[extra]] = nbytes
+        sent[devices[extra - p]] += nbytes
+    return sent
