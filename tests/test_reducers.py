@@ -2,13 +2,11 @@
 
 import json
 
-import hypothesis.strategies as st
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import LOGICAL_CPUS, run_cli
-from hypothesis import given, settings
 
 from engine import reducers
 from engine.core import loop
@@ -18,14 +16,13 @@ from engine.core.variables import (
     ReplicaDriftError,
     ReplicatedVariables,
 )
-from engine.reducers import ReducerError, ReducerOptions, measure
+from engine.reducers import ReducerError, ReducerOptions, conformance, measure
 from engine.reducers.hierarchical import groups_of
 from engine.reducers.packing import plan
-from engine.topology.devices import DeviceRequest, canonical, resolve
+from engine.topology.devices import DeviceRequest, resolve
 from towers import models
 
 DEVICES = [f"/cpu:{k}" for k in range(LOGICAL_CPUS)]
-TOLERANCE = {tf.float64: 1e-12, tf.float32: 1e-5, tf.float16: 2e-2, tf.bfloat16: 5e-2}
 ALL = ["central", "ring", "tree", "hierarchical", "collective"]
 
 
@@ -34,81 +31,28 @@ def placement_of(num_towers, reduce_device="/cpu:0", first=0):
     return resolve(DeviceRequest(towers, reduce_device=reduce_device), DEVICES)
 
 
-def run_reducer(reducer, arrays, devices, destinations, dtype):
-    """Places arrays[k][v] on devices[k] and reduces them in one tf.function."""
-    inputs = []
-    for tower, device in zip(arrays, devices):
-        with tf.device(device):
-            inputs.append([tf.constant(a, dtype=dtype) for a in tower])
-    function = tf.function(lambda grads: reducer(grads, devices, destinations))
-    result = function(inputs)
-    # Where each result was asked to be: the device of the op that made it in
-    # the traced graph (tf.function wraps outputs in an unplaced Identity, and
-    # its eager outputs all come back to one device).
-    symbolic = function.get_concrete_function(inputs).structured_outputs
-    for per_destination, destination in zip(symbolic, destinations):
-        for tensor in per_destination:
-            made_by = tensor.op.inputs[0]
-            assert canonical(made_by.device) == destination, (made_by.name, made_by.device)
-    return result
+class BuiltInContract(conformance.ReducerTestBase):
+    """The library's conformance tests, run on each built-in (the name is a
+    parameter of every test), towers on /cpu:0..7, variables on /cpu:7."""
 
-
-def check_means(result, arrays, destinations, dtype):
-    expected = [np.mean([tower[v] for tower in arrays], axis=0) for v in range(len(arrays[0]))]
-    assert len(result) == len(destinations)
-    for per_destination in result:
-        assert len(per_destination) == len(expected)
-        for got, want in zip(per_destination, expected):
-            assert got.dtype == dtype and got.shape == want.shape
-            tol = TOLERANCE[dtype] * max(1.0, float(np.abs(want).max(initial=0)))
-            np.testing.assert_allclose(got.numpy().astype(np.float64), want, atol=tol, rtol=0)
-
-
-class ReducerContract:
-    """Checks every reducer must pass; subclasses say how to make theirs."""
-
+    devices = DEVICES
+    reduce_device = "/cpu:7"
     pack_bytes = 0
 
-    def make(self, name, placement_):
-        options = ReducerOptions(name, group_size=3, pack_bytes=self.pack_bytes)
-        return reducers.build(options, placement_)
+    @pytest.fixture(autouse=True, params=ALL)
+    def reducer_name(self, request):
+        self.name = request.param
 
-    @pytest.mark.parametrize("name", ALL)
-    @pytest.mark.parametrize("num_towers", range(1, LOGICAL_CPUS + 1))
-    def test_mean_on_every_tower_count(self, name, num_towers):
-        p = placement_of(num_towers, reduce_device="/cpu:7")
-        rng = np.random.default_rng(num_towers)
-        arrays = [[rng.normal(size=(5, 3)), rng.normal(size=(7,)), rng.normal(size=())]
-                  for _ in range(num_towers)]
-        for destinations in (list(p.devices), ["/cpu:7"]):
-            result = run_reducer(self.make(name, p), arrays, p.devices, destinations, tf.float32)
-            check_means(result, arrays, destinations, tf.float32)
-
-    @pytest.mark.parametrize("name", ALL)
-    @settings(max_examples=12, deadline=None)
-    @given(data=st.data())
-    def test_mean_for_any_shapes_dtypes_and_towers(self, name, data):
-        num_towers = data.draw(st.integers(1, LOGICAL_CPUS), label="towers")
-        dtype = data.draw(st.sampled_from([tf.float32, tf.float64, tf.float16]), label="dtype")
-        shapes = data.draw(st.lists(st.lists(st.integers(1, 9), max_size=3).map(tuple),
-                                    min_size=1, max_size=4), label="shapes")
-        replicated = data.draw(st.booleans(), label="replicated")
-        reduce_device = data.draw(st.sampled_from(DEVICES), label="reduce device")
-        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
-        rng = np.random.default_rng(seed)
-        arrays = [[rng.uniform(-4, 4, size=s) for s in shapes] for _ in range(num_towers)]
-        p = placement_of(num_towers, reduce_device)
-        destinations = list(p.devices) if replicated else [reduce_device]
-        result = run_reducer(self.make(name, p), arrays, p.devices, destinations, dtype)
-        cast = [[np.asarray(tf.constant(a, dtype).numpy(), np.float64) for a in t] for t in arrays]
-        check_means(result, cast, destinations, dtype)
+    def make_reducer(self, placement):
+        options = ReducerOptions(self.name, group_size=3, pack_bytes=self.pack_bytes)
+        return reducers.build(options, placement)
 
 
-class TestReducers(ReducerContract):
+class TestReducers(BuiltInContract):
     pass
 
 
-class TestPackedReducers(ReducerContract):
+class TestPackedReducers(BuiltInContract):
     pack_bytes = 64  # small: several buckets, some tensors alone
 
 
@@ -129,8 +73,8 @@ def test_compression_narrows_transfers_and_keeps_the_mean(name, compress, dtype)
     arrays = [[np.full((6,), k + 1.0)] for k in range(3)]
     reducer = reducers.build(ReducerOptions(name, compress=compress), p)
     destinations = list(p.devices)
-    result = run_reducer(reducer, arrays, p.devices, destinations, tf.float32)
-    check_means(result, arrays, destinations, tf.float32)  # exact: 1, 2, 3 fit in fp16
+    rows = conformance.check_call(reducer, arrays, p.devices, destinations, tf.float32)
+    conformance.assert_all_passed(rows)  # the exact mean: 1, 2, 3 fit in fp16
     sent = reduction_transfers(reducer, p.devices, destinations, 6)
     if name != "collective":  # collectives move data inside TensorFlow, not by _Send
         assert sent and {t["dtype"] for t in sent} == {dtype.name}
@@ -150,20 +94,25 @@ def reduction_transfers(reducer, devices, destinations, size):
 def test_ring_and_tree_send_2_n_minus_1_over_n_per_device(name, n):
     size = 840 * n  # float32 elements, divisible into n chunks
     p = placement_of(n)
-    sent = reduction_transfers(reducers.build(ReducerOptions(name), p), p.devices, list(p.devices), size)
+    reducer = reducers.build(ReducerOptions(name), p)
+    sent = reduction_transfers(reducer, p.devices, list(p.devices), size)
     per_device = {d: sum(t["bytes"] for t in sent if t["src"] == d) for d in p.devices}
     ideal = 2 * (n - 1) * 4 * size // n
     assert per_device == {d: ideal for d in p.devices}
+    assert reducer.traffic(p.devices, list(p.devices), 4 * size) == per_device  # declared
 
 
 def test_central_reduce_device_receives_n_times_the_gradient():
     p = placement_of(4, "/cpu:0", first=1)  # towers /cpu:1..4, reduce /cpu:0
     size = 1000
-    sent = reduction_transfers(reducers.build(ReducerOptions("central"), p), p.devices, ["/cpu:0"], size)
+    reducer = reducers.build(ReducerOptions("central"), p)
+    sent = reduction_transfers(reducer, p.devices, ["/cpu:0"], size)
     received = {}
     for t in sent:
         received[t["dst"]] = received.get(t["dst"], 0) + t["bytes"]
     assert received == {"/cpu:0": 4 * 4 * size}
+    assert reducer.traffic(p.devices, ["/cpu:0"], 4 * size) == {  # declared
+        d: 4 * size for d in p.devices}
 
 
 def test_hierarchical_only_leaders_cross_groups():
@@ -204,10 +153,10 @@ def test_nccl_refuses_towers_that_share_a_physical_gpu():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(name="butterfly"), r"^--reducer 'butterfly' is not one of central, ring, tree"),
-        (dict(group_size=0), r"^--group-size \(0\) must be at least 1"),
-        (dict(pack_bytes=-1), r"^--pack-bytes \(-1\) must be 0 or more"),
-        (dict(compress="int8"), r"^--compress 'int8' is not one of fp16, bf16"),
+        ({"name": "butterfly"}, r"^--reducer 'butterfly' is not one of central, ring, tree"),
+        ({"group_size": 0}, r"^--group-size \(0\) must be at least 1"),
+        ({"pack_bytes": -1}, r"^--pack-bytes \(-1\) must be 0 or more"),
+        ({"compress": "int8"}, r"^--compress 'int8' is not one of fp16, bf16"),
     ],
 )
 def test_bad_reducer_options(options, message):
