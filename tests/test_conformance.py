@@ -4,7 +4,7 @@ import conformance_reducers as broken
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOGICAL_CPUS
+from conftest import LOGICAL_CPUS, run_cli
 from user_reducers import gather_on_first
 
 from engine import reducers
@@ -150,3 +150,29 @@ class TestGatherOnFirst(conformance.ReducerTestBase):
 
     def make_reducer(self, placement):
         return gather_on_first
+
+
+def test_check_from_the_command_line():
+    summed = run_cli("tower-reduce-bench", "--check", "tests.conformance_reducers:summed",
+                     "--devices", "cpu:3")
+    assert summed.returncode == 1, summed.stderr
+    lines = summed.stdout.splitlines()
+    assert lines[0] == (
+        "checking tests.conformance_reducers:summed: towers on /cpu:0, /cpu:1, /cpu:2, "
+        "reduce device /cpu:2, gradients in float32, float16, float64"
+    )
+    assert "mean         pass  FAIL  FAIL" in lines
+    assert lines[-3:] == [
+        *(f"FAIL mean with {n} towers (float32, float16, float64; replicated and "
+          f"reduce-device): returned {n}.00 x the mean (the sum over {n} towers?); "
+          "divide by len(devices)" for n in (2, 3)),
+        "12 of 108 checks failed",
+    ]
+    assert "checked 3 towers: 36 checks, 6 failed" in summed.stderr.splitlines()
+
+    ring = run_cli("tower-reduce-bench", "--check", "ring", "--devices", "cpu:3")
+    assert ring.returncode == 0, ring.stderr
+    lines = ring.stdout.splitlines()
+    assert "mean         pass  pass  pass" in lines
+    assert "traffic      pass  pass  pass" in lines
+    assert lines[-1] == "111 checks passed"

@@ -5,15 +5,21 @@ towers' devices, runs the reducer in a `tf.function`, reads the bytes it sent
 from the placement of the first call, then times `--repeats` calls. Prints a
 table: median time per reduction, algorithm bandwidth (tensor bytes / time),
 bytes moved in total against the algorithm's ideal, and the busiest device.
+
+`--check SPEC` runs the conformance checks (engine/reducers/conformance.py) on
+one reducer instead, a built-in or `package.module:function`, and prints which
+pass for each tower count; the exit code is 1 when any fails.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 
 import click
+from click.core import ParameterSource
 
 from towers.cli.common import (
     OneLineCommand,
@@ -93,10 +99,109 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+# Flags of the timing run that mean nothing to --check.
+BENCH_ONLY = ("sizes", "names", "variables", "repeats", "warmup", "json_path")
+
+
+def check_target(spec: str, group_size: int, compress: str | None):
+    """What `--check SPEC` checks: a built-in, built for each placement, or
+    the user's `package.module:function`."""
+    from engine import reducers
+    from engine.reducers.cast import Cast
+    from engine.reducers.conformance import PerPlacement
+    from engine.userfn import load_function
+
+    if spec in reducers.BUILT_INS:
+        try:
+            options = reducers.ReducerOptions(spec, group_size, 0, compress)
+        except reducers.ReducerError as err:
+            raise UsageFailure(str(err))
+        return PerPlacement(lambda placement: reducers.build(options, placement))
+    if ":" not in spec:
+        raise UsageFailure(
+            f"--check {spec!r} is not one of {', '.join(reducers.BUILT_INS)} and not "
+            "package.module:function"
+        )
+    function = load_function(spec, "check")  # a UsageError, which names --check
+    return Cast(function, compress) if compress else function
+
+
+def check_table(rows, counts) -> str:
+    """Rows: the checks; columns: the tower counts; cells: pass, FAIL or -."""
+    from engine.reducers.conformance import CHECKS
+
+    lines = [f"{'towers':<11}" + "".join(f"{n:>6}" for n in counts)]
+    unchecked = False
+    for name in CHECKS:
+        if name == "traffic" and not any(r.name == name for r in rows):
+            continue  # no figure declared: said below the table
+        cells = []
+        for n in counts:
+            ran = [r.passed for r in rows if r.name == name and r.towers == n]
+            cells.append("-" if not ran else "pass" if all(ran) else "FAIL")
+        lines.append(f"{name:<11}" + "".join(f"{c:>6}" for c in cells))
+        unchecked = unchecked or "-" in cells
+    if unchecked:
+        lines.append("-: not checked (a check it needs failed, or no traffic figure)")
+    return "\n".join(lines)
+
+
+def failure_lines(rows) -> list[str]:
+    """One line per distinct failure: the check, the tower count, the cases, why."""
+    cases: dict[tuple, list] = {}
+    for r in rows:
+        if not r.passed:
+            cases.setdefault((r.name, r.towers, r.detail), []).append(r)
+    lines = []
+    for (name, towers, detail), failed in cases.items():
+        dtypes = ", ".join(dict.fromkeys(r.dtype for r in failed))
+        kinds = " and ".join(dict.fromkeys(r.destinations for r in failed))
+        count = f"{towers} tower{'s' if towers > 1 else ''}"
+        lines.append(f"FAIL {name} with {count} ({dtypes}; {kinds}): {detail}")
+    return lines
+
+
+def run_check(spec, placement, reduce_device, group_size, compress) -> int:
+    """Prints the conformance table of `spec`; returns the exit code."""
+    from engine.reducers import conformance
+    from engine.reducers.base import COMPRESSION
+
+    target = check_target(spec, group_size, compress)
+    devices = list(placement.devices)
+    counts = list(range(1, len(devices) + 1))
+    sent_as = f", sent as {compress}" if compress else ""
+    click.echo(f"checking {spec}: towers on {', '.join(devices)}, reduce device "
+               f"{reduce_device}, gradients in "
+               f"{', '.join(d.name for d in conformance.DTYPES)}{sent_as}")
+
+    def progress(n, rows):
+        failed = sum(not r.passed for r in rows)
+        click.echo(f"checked {n} tower{'s' if n > 1 else ''}: {len(rows)} checks, "
+                   f"{failed} failed", err=True)
+
+    rows = conformance.check(target, devices, reduce_device=reduce_device,
+                             compressed_to=COMPRESSION.get(compress), progress=progress)
+    click.echo(check_table(rows, counts))
+    if not any(r.name == "traffic" for r in rows):
+        click.echo("traffic: no figure declared (a traffic() method; see "
+                   "engine/reducers/conformance.py)")
+    for line in failure_lines(rows):
+        click.echo(line)
+    failed = sum(not r.passed for r in rows)
+    click.echo(f"{failed} of {len(rows)} checks failed" if failed
+               else f"{len(rows)} checks passed")
+    return 1 if failed else 0
+
+
 @click.command(name="tower-reduce-bench", cls=OneLineCommand)
-@click.option("--devices", default="cpu:4", show_default=True,
-              help="Towers, as for tower-train (cpu:N splits the host CPU).")
-@click.option("--reduce-device", default=None, help="Default /cpu:0.")
+@click.option("--devices", default=None,
+              help="Towers, as for tower-train (cpu:N splits the host CPU). "
+              "Default cpu:4; cpu:8 with --check.")
+@click.option("--reduce-device", default=None,
+              help="Default /cpu:0; with --check, the last device.")
+@click.option("--check", default=None, metavar="SPEC",
+              help="Run the conformance checks on one reducer instead of timing: "
+              "a built-in or package.module:function. Exit code 1 if any fails.")
 @click.option("--sizes", default="256K,1M,4M", show_default=True,
               help="float32 elements per tensor, comma-separated (K = 1024, M = 1024^2).")
 @click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
@@ -110,11 +215,19 @@ def table(rows) -> str:
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--warmup", default=3, show_default=True, type=int)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON.")
-def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, compress,
-                 repeats, warmup, json_path):
+def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_size,
+                 compress, repeats, warmup, json_path):
     """Time each reducer alone and compare the bytes it moves with its ideal."""
     from engine.topology import devices as devs
 
+    if check is not None:
+        context = click.get_current_context()
+        for param in context.command.params:
+            if param.name in BENCH_ONLY and (
+                    context.get_parameter_source(param.name) != ParameterSource.DEFAULT):
+                raise UsageFailure(f"--check runs the conformance checks alone; drop "
+                                   f"{param.opts[0]}")
+    devices = devices or ("cpu:8" if check else "cpu:4")
     check_output_path("--json", json_path)
     try:
         request = devs.parse_request(devices, reduce_device)
@@ -140,6 +253,10 @@ def reduce_bench(devices, reduce_device, sizes, names, variables, group_size, co
         placement = devs.configure(request)
     except devs.DeviceError as err:
         raise UsageFailure(str(err))
+    if check is not None:
+        # By default the last device: a tower only when every device is one.
+        last_or_given = placement.reduce_device if reduce_device else placement.devices[-1]
+        sys.exit(run_check(check, placement, last_or_given, group_size, compress))
     rows = []
     for name in chosen:
         try:
