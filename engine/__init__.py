@@ -1,1 +1,17 @@
-"""tower-train's runtime: devices, data, towers' step, reduction, loop."""
+"""tower-train's runtime, one folder per concern.
+
+* `core`: the compiled step and its loop: towers, variable modes, losses,
+  loss scaling, precision, name scopes.
+* `reducers`: averaging the towers' gradients: the built-ins, user reducers,
+  packing, compression, and the conformance kit.
+* `data`: one DALI pipeline per tower, data-set inspection, MNIST, records.
+* `placement`: the placement log: capture, report, picture.
+* `run`: a run's life around the loop: building, training, checkpoints,
+  signals, the non-finite guard, summaries, progress, the watchdog.
+* `topology`: devices, the cluster, process-wide set-up.
+* `errors`, `userfn`: the engine's errors, and the user's own functions.
+
+The public Python API is `towers`; this package is what it is built from.
+"""
+
+__all__ = ["core", "data", "errors", "placement", "reducers", "run", "topology", "userfn"]

@@ -1,1 +1,4 @@
-"""The compiled step and its loop: towers, variable modes, loss scaling, precision, scopes."""
+"""The compiled step and its loop: towers, variable modes, losses, loss scaling,
+precision, name scopes."""
+
+__all__ = ["loop", "loss_scale", "losses", "on_device", "precision", "scopes", "step", "variables"]

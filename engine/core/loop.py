@@ -9,8 +9,9 @@ from typing import Protocol
 
 import tensorflow as tf
 
+from engine import data
 from engine.core.step import TowerStep
-from engine.data import pipeline as data
+from engine.errors import UsageError
 from engine.run.progress import EpochProgress, MetricsFile
 
 
@@ -45,20 +46,19 @@ class LoopOptions:
         for name in ("epochs", "steps_per_epoch"):
             value = getattr(self, name)
             if value < 1:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} ({value}) must be a positive integer")
+                raise UsageError(f"<{name}> ({value}) must be a positive integer")
         if self.eval_steps < 0:
-            raise ValueError(f"--eval-steps ({self.eval_steps}) must be 0 or more")
+            raise UsageError(f"<eval_steps> ({self.eval_steps}) must be 0 or more")
         if self.check_replicas < 0:
-            raise ValueError(f"--check-replicas ({self.check_replicas}) must be 0 or more")
+            raise UsageError(f"<check_replicas> ({self.check_replicas}) must be 0 or more")
         if self.steps_per_loop < 1:
-            raise ValueError(
-                f"--steps-per-loop ({self.steps_per_loop}) must be a positive integer"
+            raise UsageError(
+                f"<steps_per_loop> ({self.steps_per_loop}) must be a positive integer"
             )
         if self.check_replicas % self.steps_per_loop:
-            raise ValueError(
-                f"--check-replicas {self.check_replicas} is not a multiple of "
-                f"--steps-per-loop {self.steps_per_loop}; the replicas are compared "
+            raise UsageError(
+                f"<check_replicas={self.check_replicas}> is not a multiple of "
+                f"<steps_per_loop={self.steps_per_loop}>; the replicas are compared "
                 "between loops"
             )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.core import scopes
+from engine.errors import UsageError
 
 INITIAL = 2.0**15  # Keras' LossScaleOptimizer starts here too
 GROWTH_INTERVAL = 2000
@@ -90,12 +91,12 @@ class DynamicLossScale:
         minimum: float = 1.0,
     ):
         if not initial >= minimum > 0:
-            raise ValueError(
-                f"loss scale: initial ({initial}) must be at least minimum ({minimum}), "
+            raise UsageError(
+                f"loss scale: <initial> ({initial}) must be at least <minimum> ({minimum}), "
                 "and minimum positive"
             )
         if growth_interval < 1:
-            raise ValueError(f"loss scale: growth_interval ({growth_interval}) must be >= 1")
+            raise UsageError(f"loss scale: <growth_interval> ({growth_interval}) must be >= 1")
         self.device = device
         self.growth_interval = growth_interval
         self.minimum = minimum

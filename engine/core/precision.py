@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import keras
 
+from engine.errors import UsageError
 from engine.topology.devices import Placement
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -31,10 +32,10 @@ def mixed_dtype(placement: Placement) -> str:
         return "float16"
     if kinds == {"CPU"}:
         return "bfloat16"
-    raise ValueError(
-        f"--mixed-precision --devices {','.join(placement.devices)}: CPU towers compute "
+    raise UsageError(
+        f"<mixed_precision=True> <devices={','.join(placement.devices)}>: CPU towers compute "
         "in bfloat16 and GPU towers in float16, but every tower runs the same model; "
-        "use only GPU or only CPU towers, or drop --mixed-precision"
+        "use only GPU or only CPU towers, or drop <mixed_precision>"
     )
 
 
@@ -47,8 +48,8 @@ def needs_loss_scaling(compute_dtype: str) -> bool:
 def policy(compute_dtype: str) -> Iterator[None]:
     """Keras' global dtype policy set for `compute_dtype` while models are built."""
     if compute_dtype not in _POLICIES:
-        raise ValueError(
-            f"compute dtype {compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"
+        raise UsageError(
+            f"<compute_dtype> {compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"
         )
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(_POLICIES[compute_dtype])

@@ -17,9 +17,11 @@ import tensorflow as tf
 
 from engine.core import scopes
 from engine.core.loss_scale import NoLossScale
+from engine.core.losses import Loss, sparse_cross_entropy
 from engine.core.on_device import OnDevice
 from engine.reducers.base import Reducer, mean
 from engine.topology.devices import Placement
+from engine.userfn import calling
 
 
 class TowerResult(NamedTuple):
@@ -40,13 +42,9 @@ class Reduced(NamedTuple):
     finite: tf.Tensor  # [towers] bool
 
 
-def sparse_cross_entropy(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
-    """Per-sample cross-entropy of integer labels against softmax outputs."""
-    return keras.losses.sparse_categorical_crossentropy(labels, probs)
-
-
-def count_correct(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
-    predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+def count_correct(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    """1.0 where the largest output (probability or logit) is the label's."""
+    predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
     return tf.cast(predicted == labels, tf.float32)
 
 
@@ -54,18 +52,23 @@ def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
 
 
-def tower_gradients(model: keras.Model, images, labels, scale=None) -> TowerResult:
+def tower_gradients(
+    model: keras.Model, images, labels, scale=None, loss: Loss = sparse_cross_entropy,
+    model_label: str | None = None,
+) -> TowerResult:
     """Forward and backward of one tower, on the device scope it is called in.
 
     The loss is computed in float32 whatever the layers compute in. With a
     loss `scale` (a float32 scalar), the backward pass starts from the scaled
     loss and the gradients are divided by the scale again, here on the tower.
+    `loss` gives one value per sample (engine.core.losses).
     """
     labels = tf.reshape(labels, [-1])
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        probs = tf.cast(model(images, training=True), tf.float32)
-        loss = tf.reduce_mean(sparse_cross_entropy(labels, probs))
+        with calling("model", model_label or model.name, "cannot train here:"):
+            outputs = tf.cast(model(images, training=True), tf.float32)
+        loss = tf.reduce_mean(loss(labels, outputs))
         scaled = loss if scale is None else loss * scale
     grads = tape.gradient(scaled, variables)
     if scale is not None:
@@ -76,7 +79,7 @@ def tower_gradients(model: keras.Model, images, labels, scale=None) -> TowerResu
     # A None gradient (a variable the loss does not use) is the reducer's to
     # report, with a message that says so.
     finite = all_finite([loss, *(g for g in grads if g is not None)])
-    return TowerResult(loss, tf.reduce_sum(count_correct(labels, probs)), grads, finite)
+    return TowerResult(loss, tf.reduce_sum(count_correct(labels, outputs)), grads, finite)
 
 
 class TowerStep:
@@ -94,6 +97,10 @@ class TowerStep:
       xla: compile each tower's forward and backward with XLA, one cluster
         per tower on its device. The cluster reads the variables itself, so
         they must be on the tower's device (replicated variables).
+      loss: per-sample loss of (labels, outputs) (engine.core.losses);
+        default: cross-entropy of softmax outputs.
+      model_label, reducer_label: how messages name the model and the
+        reducer when they raise.
     """
 
     def __init__(
@@ -104,6 +111,9 @@ class TowerStep:
         reducer: Reducer,
         loss_scale=None,
         xla: bool = False,
+        loss: Loss = sparse_cross_entropy,
+        model_label: str | None = None,
+        reducer_label: str = "reducer",
     ):
         self.variables = variables
         self.model = variables.model
@@ -111,9 +121,16 @@ class TowerStep:
         self.reducer = reducer
         self.loss_scale = loss_scale or NoLossScale()
         self.xla = xla
+        self.loss = loss
+        self.model_label = model_label or self.model.name
+        self.reducer_label = reducer_label
+
+        def forward_backward(model, images, labels, scale):
+            return tower_gradients(model, images, labels, scale, loss, self.model_label)
+
         # One compiled function; it is traced once per model copy it is given.
         self._tower_gradients = (
-            tf.function(tower_gradients, jit_compile=True) if xla else tower_gradients
+            tf.function(forward_backward, jit_compile=True) if xla else forward_backward
         )
         with tf.device(placement.reduce_device):
             # Running sums for the epoch's averages, read once per progress line.
@@ -170,9 +187,14 @@ class TowerStep:
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 model = self.variables.model_for(tower.index)
                 results.append(self._tower_gradients(model, images, labels, scale))
-        grads = self.reducer(
-            [r.grads for r in results], self.placement.devices, self.variables.destinations
-        )
+        # A reducer builds its ops in plain Python: unconverted by autograph,
+        # its own frames stay in a traceback of an error it raises.
+        reduce = tf.autograph.experimental.do_not_convert(self.reducer)
+        with calling("reducer", self.reducer_label):
+            grads = reduce(
+                [r.grads for r in results], self.placement.devices,
+                self.variables.destinations,
+            )
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             return Reduced(
                 grads,
@@ -261,11 +283,12 @@ class TowerStep:
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 labels = tf.reshape(labels, [-1])
-                probs = self.variables.model_for(tower.index)(images, training=False)
-                probs = tf.cast(probs, tf.float32)
+                model = self.variables.model_for(tower.index)
+                with calling("model", self.model_label, "cannot evaluate here:"):
+                    outputs = tf.cast(model(images, training=False), tf.float32)
                 real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
-                loss = tf.reduce_sum(sparse_cross_entropy(labels, probs) * real)
-                correct = tf.reduce_sum(count_correct(labels, probs) * real)
+                loss = tf.reduce_sum(self.loss(labels, outputs) * real)
+                correct = tf.reduce_sum(count_correct(labels, outputs) * real)
                 sums.append(tf.stack([loss, correct, tf.reduce_sum(real)]))
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             return tf.add_n(sums)

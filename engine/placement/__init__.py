@@ -1,1 +1,4 @@
-"""The placement log: capture where every op ran, report it, draw it."""
+"""The placement log: capture where every op ran (`log`), report it (`report`),
+draw it (`render`)."""
+
+__all__ = ["log", "render", "report"]

@@ -38,6 +38,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import op_def_registry
 
 from engine.core import scopes
+from engine.errors import RunError
 from engine.topology.devices import canonical
 
 SENDS = ("_Send", "_HostSend")
@@ -47,7 +48,7 @@ RECVS = ("_Recv", "_HostRecv")
 PLUMBING = ("_Arg", "_Retval", "NoOp", "Identity", "IdentityN")
 
 
-class StrayPlacementError(RuntimeError):
+class StrayPlacementError(RunError):
     """--strict-placement found tower ops outside their tower's device."""
 
 
@@ -294,4 +295,4 @@ def stray_message(strays: Sequence[dict]) -> str:
     """One line naming the stray ops and where they ran."""
     shown = "; ".join(f"{r['name']} ({r['op']}): {r['stray']}" for r in strays[:5])
     more = f"; and {len(strays) - 5} more" if len(strays) > 5 else ""
-    return f"--strict-placement: {len(strays)} stray op(s) in the {strays[0]['step']} step: {shown}{more}"
+    return f"<strict_placement>: {len(strays)} stray op(s) in the {strays[0]['step']} step: {shown}{more}"

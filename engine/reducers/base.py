@@ -28,11 +28,12 @@ from typing import Protocol
 import tensorflow as tf
 
 from engine.core import scopes
+from engine.errors import UsageError
 
 COMPRESSION = {"fp16": tf.float16, "bf16": tf.bfloat16}
 
 
-class ReducerError(ValueError):
+class ReducerError(UsageError):
     """A reducer that cannot serve this placement; the message is one line."""
 
 

@@ -46,9 +46,9 @@ class Collective:
         threads = tf.config.threading.get_inter_op_parallelism_threads()
         if threads and threads < len(devices):
             raise ReducerError(
-                f"--reducer collective with {len(devices)} towers needs at least "
+                f"<reducer=collective> with {len(devices)} towers needs at least "
                 f"{len(devices)} inter-op threads, TensorFlow has {threads}; "
-                "raise it before TensorFlow starts or use --reducer ring"
+                "raise it before TensorFlow starts or use <reducer=ring>"
             )
         self.devices = list(devices)
         self.communication = communication

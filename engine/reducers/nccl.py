@@ -22,20 +22,20 @@ class Nccl:
         not_gpu = [d for d in devices if split_name(d)[0] != "gpu"]
         if not_gpu:
             raise ReducerError(
-                f"--reducer nccl needs GPU towers (NCCL runs on NVIDIA GPUs); "
+                f"<reducer=nccl> needs GPU towers (NCCL runs on NVIDIA GPUs); "
                 f"{', '.join(not_gpu)} {'is' if len(not_gpu) == 1 else 'are'} not; "
-                "use --reducer ring or collective"
+                "use <reducer=ring> or collective"
             )
         shared = placement.shared_gpus()
         if shared:
             gpu, names = next(iter(shared.items()))
             raise ReducerError(
-                f"--reducer nccl: towers {', '.join(names)} share physical GPU {gpu}, "
+                f"<reducer=nccl>: towers {', '.join(names)} share physical GPU {gpu}, "
                 "and NCCL needs one GPU per tower (it would wait forever); use "
-                "--reducer ring, tree or collective"
+                "<reducer=ring>, tree or collective"
             )
         if not tf.config.list_physical_devices("GPU"):
-            raise ReducerError("--reducer nccl needs a GPU, and this machine has none")
+            raise ReducerError("<reducer=nccl> needs a GPU, and this machine has none")
 
     @staticmethod
     def all_reduce(flats, devices):

@@ -1,2 +1,4 @@
-"""A run's life around the loop: the trainer, checkpoints, signals, the non-finite guard,
-summaries, progress and the watchdog."""
+"""A run's life around the loop: building the towers, training them, checkpoints,
+signals, the non-finite guard, summaries, progress and the watchdog."""
+
+__all__ = ["build", "checkpoint", "describe", "guard", "progress", "signals", "summaries", "train", "watchdog", "watchers"]

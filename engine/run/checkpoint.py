@@ -25,6 +25,7 @@ import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
 from engine.core.on_device import OnDevice
+from engine.errors import RunError, UsageError
 
 
 class PinnedIterator(trackable.Trackable):
@@ -105,7 +106,7 @@ LOST_CONNECTION = (
 )
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunError):
     """No checkpoint in the directory could be restored; the message is one line."""
 
 
@@ -131,12 +132,12 @@ class CheckpointOptions:
 
     def __post_init__(self):
         if self.every < 0:
-            raise ValueError(f"--checkpoint-every ({self.every}) must be 0 or more")
+            raise UsageError(f"<checkpoint_every> ({self.every}) must be 0 or more")
         if self.keep < 1:
-            raise ValueError(f"--keep-checkpoints ({self.keep}) must be at least 1")
+            raise UsageError(f"<keep_checkpoints> ({self.keep}) must be at least 1")
         if self.directory is None and (self.resume or self.every):
-            flag = "--resume" if self.resume else "--checkpoint-every"
-            raise ValueError(f"{flag} needs --checkpoint-dir DIR")
+            flag = "<resume>" if self.resume else "<checkpoint_every>"
+            raise UsageError(f"{flag} needs <checkpoint_dir=DIR>")
 
 
 class Checkpoints:
@@ -184,7 +185,7 @@ class Checkpoints:
             return path
         if listed:
             raise CheckpointError(
-                f"--resume: none of the {len(listed)} checkpoints in "
+                f"<resume>: none of the {len(listed)} checkpoints in "
                 f"{self.options.directory} can be restored; see the warnings above"
             )
         return None

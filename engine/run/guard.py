@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from engine.errors import RunError
 
-class NonFiniteError(RuntimeError):
+
+class NonFiniteError(RunError):
     """A step's loss or gradient was not finite; the message is one line."""
 
 

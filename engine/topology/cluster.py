@@ -24,13 +24,19 @@ import socket
 import time
 from collections.abc import Callable
 
+from engine.errors import RunError, UsageError
 from engine.topology.devices import CHIEF, CLIENT
 
 _JOB = re.compile(r"^[A-Za-z_][\w-]*$")
 _ADDRESS = re.compile(r"^(?P<host>[\w.-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 
-class ClusterError(ValueError):
+class ClusterUnavailable(RunError):
+    """The cluster's tasks cannot be reached, or this process cannot serve as
+    its chief; the message is one line."""
+
+
+class ClusterError(UsageError):
     """A cluster that cannot be used as given; the message is one line."""
 
 
@@ -48,12 +54,12 @@ class ClusterOptions:
 
     jobs: tuple[tuple[str, tuple[str, ...]], ...]
     connect_timeout: float = 60.0
-    source: str = "--cluster"
+    source: str = "<cluster>"
 
     def __post_init__(self):
         if not self.connect_timeout > 0:
             raise ClusterError(
-                f"--connect-timeout ({self.connect_timeout:g}) must be positive"
+                f"<connect_timeout> ({self.connect_timeout:g}) must be positive"
             )
         chiefs = dict(self.jobs).get(CHIEF, ())
         if len(chiefs) > 1:
@@ -107,15 +113,15 @@ def parse(spec: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
         listed = tuple(a.strip() for a in addresses.split(","))
         if not sep or not _JOB.match(job) or not all(listed):
             raise ClusterError(
-                f"--cluster {spec!r}: {part!r} is not job=host:port[,host:port...]; "
+                f"<cluster> {spec!r}: {part!r} is not job=host:port[,host:port...]; "
                 "e.g. worker=h1:2222,h2:2222 (jobs separated by ';')"
             )
         jobs.append((job, listed))
     if not jobs:
         raise ClusterError(
-            f"--cluster {spec!r} names no task; e.g. worker=h1:2222,h2:2222"
+            f"<cluster> {spec!r} names no task; e.g. worker=h1:2222,h2:2222"
         )
-    return _checked(jobs, "--cluster")
+    return _checked(jobs, "<cluster>")
 
 
 def _tf_config(text: str) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], dict]:
@@ -151,7 +157,7 @@ def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
         raise ClusterError(
             f"TF_CONFIG names this process task {task.get('type')}/{task.get('index')}; "
             "tower-train runs as the chief or outside the cluster, and workers run "
-            "tower-worker; unset TF_CONFIG here or give --cluster"
+            "tower-worker; unset TF_CONFIG here or give <cluster>"
         )
     return jobs
 
@@ -164,14 +170,14 @@ def own_port(text: str | None) -> int:
         (which is tower-train's).
     """
     if not text:
-        raise ClusterError("give --port P (or set TF_CONFIG with this task's address)")
+        raise ClusterError("give <port=P> (or set TF_CONFIG with this task's address)")
     jobs, task = _tf_config(text)
     kind, index = task.get("type"), task.get("index", 0)
     addresses = dict(jobs).get(kind, ())
     if kind == CHIEF or not isinstance(index, int) or not 0 <= index < len(addresses):
         raise ClusterError(
             f"TF_CONFIG's task {kind}/{index} is not a worker task of its cluster; give "
-            "--port P, or a TF_CONFIG task like {\"type\": \"worker\", \"index\": 0}"
+            "<port=P>, or a TF_CONFIG task like {\"type\": \"worker\", \"index\": 0}"
         )
     return int(addresses[index].rpartition(":")[2])
 
@@ -221,7 +227,7 @@ def check_chief_port(options: ClusterOptions) -> None:
         try:
             listener.bind(("", port))
         except OSError as err:
-            raise ClusterError(
+            raise ClusterUnavailable(
                 f"{options.source}: chief {chiefs[0]} is this process, but port {port} "
                 f"cannot be listened on here ({err.strerror}); pick a free port"
             ) from None
@@ -283,7 +289,7 @@ def wait_for_tasks(options: ClusterOptions, say: Callable[[str], None]) -> None:
             if reason is None:
                 continue
             if time.monotonic() >= deadline:
-                raise ClusterError(
+                raise ClusterUnavailable(
                     f"{options.source}: {task} at {address} does not answer ({reason}) "
                     f"after {options.connect_timeout:g} s; start it there with: "
                     f"tower-worker --port {address.rpartition(':')[2]}"

@@ -12,6 +12,8 @@ import os
 import re
 from collections.abc import Callable
 
+from engine.errors import UsageError
+
 # Device names in any spelling TensorFlow accepts: /gpu:1, /device:GPU:1,
 # /job:localhost/replica:0/task:0/device:GPU:1, /job:worker/task:1/device:CPU:0.
 _NAME = re.compile(
@@ -33,7 +35,7 @@ _SPLIT = re.compile(r"^(?P<kind>cpu|gpu):(?P<count>-?\d+)$", re.IGNORECASE)
 DEFAULT_GPU_MEMORY_MB = 4096
 
 
-class DeviceError(ValueError):
+class DeviceError(UsageError):
     """A device spec that cannot be honoured; the message is one line."""
 
 
@@ -159,11 +161,11 @@ def parse_request(
         return request
     if request.logical_gpus is None:
         raise DeviceError(
-            f"--gpu-memory {gpu_memory_mb} sets the memory of each logical GPU of "
-            "--devices gpu:N; add --devices gpu:N or drop --gpu-memory"
+            f"<gpu_memory={gpu_memory_mb}> sets the memory of each logical GPU of "
+            "<devices=gpu:N>; add <devices=gpu:N> or drop <gpu_memory>"
         )
     if gpu_memory_mb < 1:
-        raise DeviceError(f"--gpu-memory ({gpu_memory_mb}) must be at least 1 (MiB)")
+        raise DeviceError(f"<gpu_memory> ({gpu_memory_mb}) must be at least 1 (MiB)")
     return dataclasses.replace(request, gpu_memory_mb=gpu_memory_mb)
 
 
@@ -173,12 +175,12 @@ def _parse_towers(spec: str, reduce_device: str | None) -> DeviceRequest:
         reduce_name = canonical(reduce_device)
         if reduce_name is None:
             raise DeviceError(
-                f"--reduce-device {reduce_device!r} is not a device name; "
+                f"<reduce_device> {reduce_device!r} is not a device name; "
                 "use a name like /cpu:0, /gpu:1 or w1/gpu:0"
             )
     if not spec:
         raise DeviceError(
-            "--devices is empty; give GPU indices (0,1), 'all', 'cpu:N' "
+            "<devices> is empty; give GPU indices (0,1), 'all', 'cpu:N' "
             "or device names (/gpu:0,/cpu:0)"
         )
     if spec.lower() == "all":
@@ -188,7 +190,7 @@ def _parse_towers(spec: str, reduce_device: str | None) -> DeviceRequest:
         kind, count = split.group("kind").lower(), int(split.group("count"))
         if count < 1:
             raise DeviceError(
-                f"--devices {spec!r}: N must be at least 1 for {kind}:N, got {count}"
+                f"<devices> {spec!r}: N must be at least 1 for {kind}:N, got {count}"
             )
         towers = tuple(f"/{kind}:{k}" for k in range(count))
         key = "logical_cpus" if kind == "cpu" else "logical_gpus"
@@ -202,13 +204,13 @@ def _parse_towers(spec: str, reduce_device: str | None) -> DeviceRequest:
             name = canonical(item)
         if name is None:
             raise DeviceError(
-                f"--devices {spec!r}: {item!r} is not a GPU index or a device "
+                f"<devices> {spec!r}: {item!r} is not a GPU index or a device "
                 "name; use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0 "
                 "or w1/gpu:0 (task 1 of the cluster's workers)"
             )
         if name in towers:
             raise DeviceError(
-                f"--devices {spec!r}: {name} is listed twice; each device "
+                f"<devices> {spec!r}: {name} is listed twice; each device "
                 "carries one tower"
             )
         towers.append(name)
@@ -245,15 +247,15 @@ def resolve(
                 hint = (f" (is {task_of(name)} in the cluster? tower-worker --cpus N "
                         "gives a worker N CPU devices)")
             else:
-                hint = "" if gpus else " (no GPU here: use --devices cpu:N for N CPU towers)"
+                hint = "" if gpus else " (no GPU here: use <devices=cpu:N> for N CPU towers)"
             what = f"GPU {split_name(name)[1]}" if name.startswith("/gpu:") else name
             raise DeviceError(
-                f"--devices: {what} does not exist; devices here: {here}{hint}"
+                f"<devices>: {what} does not exist; devices here: {here}{hint}"
             )
     reduce_device = request.reduce_device or "/cpu:0"
     if reduce_device not in visible:
         raise DeviceError(
-            f"--reduce-device {reduce_device} does not exist; devices here: {here}"
+            f"<reduce_device={reduce_device}> does not exist; devices here: {here}"
         )
     physical = physical or {}
     towers = tuple(
@@ -290,14 +292,16 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
     """
     import tensorflow as tf
 
+    from engine.topology.splits import logical_gpu_map, split_gpu, split_host_cpu
+
     logical_cpus = request.logical_cpus
     gpus = tf.config.list_physical_devices("GPU")
     physical = {}
     if request.logical_gpus is not None:
         if not gpus:
             raise DeviceError(
-                f"--devices gpu:{request.logical_gpus} splits GPU 0 into logical GPUs, "
-                "but this machine has no GPU; use --devices cpu:N for N CPU towers"
+                f"<devices=gpu:{request.logical_gpus}> splits GPU 0 into logical GPUs, "
+                "but this machine has no GPU; use <devices=cpu:N> for N CPU towers"
             )
         split_gpu(request.logical_gpus, request.gpu_memory_mb)
         physical = logical_gpu_map(request.logical_gpus, 1)
@@ -305,7 +309,10 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
     for gpu in gpus:
         # DALI allocates GPU memory of its own beside TensorFlow's: let
         # TensorFlow grow into the memory it needs instead of taking it all.
-        tf.config.experimental.set_memory_growth(gpu, True)
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # TensorFlow has started: its GPUs are set up already
+            pass
     if request.towers is None and not gpus and connect is None:
         logical_cpus = default_cpu_towers()
     if logical_cpus is not None:
@@ -314,56 +321,3 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
         connect()
     visible = [canonical(d.name) for d in tf.config.list_logical_devices()]
     return resolve(request, [d for d in visible if d is not None], physical)
-
-
-def logical_gpu_map(split: int, physical_gpus: int) -> dict[str, int]:
-    """{logical GPU name: CUDA ordinal} when GPU 0 is split into `split`
-    logical GPUs: TensorFlow numbers them first, then the other GPUs."""
-    ordinals = [0] * split + list(range(1, physical_gpus))
-    return {f"/gpu:{k}": ordinal for k, ordinal in enumerate(ordinals)}
-
-
-def split_gpu(count: int, memory_mb: int) -> None:
-    """Splits GPU 0 into `count` logical GPUs of `memory_mb` each, once per
-    process, and hides the other GPUs: once a GPU is split, TensorFlow grows
-    memory on none, and would take all of theirs."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-
-    def split():
-        if len(gpus) > 1:
-            tf.config.set_visible_devices([*tf.config.list_physical_devices("CPU"), gpus[0]])
-        wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * count
-        tf.config.set_logical_device_configuration(gpus[0], wanted)
-
-    _split_once(split, "GPU", count, "GPU 0")
-
-
-def split_host_cpu(count: int) -> None:
-    """Splits the host CPU into `count` logical devices, once per process."""
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    _split_once(
-        lambda: tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * count
-        ),
-        "CPU", count, "the CPU",
-    )
-
-
-def _split_once(split: Callable[[], None], kind: str, count: int, what: str) -> None:
-    """Runs `split`; TensorFlow refuses once it is initialised, which is fine
-    when it already has `count` devices of `kind`, and a DeviceError if not."""
-    import tensorflow as tf
-
-    try:
-        split()
-    except RuntimeError as err:
-        have = len(tf.config.list_logical_devices(kind))
-        if have != count:
-            raise DeviceError(
-                f"cannot split {what} into {count} devices: TensorFlow is already "
-                f"initialised with {have}; split once per process, before use"
-            ) from err

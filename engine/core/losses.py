@@ -1,0 +1,68 @@
+"""The loss a tower minimises: one value per sample, from (labels, outputs).
+
+The step averages a tower's per-sample losses over its batch, and evaluation
+sums them over the real (not padding) samples only, so a loss must give one
+value per sample. The default is today's: cross-entropy of integer labels
+against softmax outputs. A Keras loss object works as given (its unreduced
+`call` is used), so does a function of (labels, outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from engine.errors import UsageError
+from engine.userfn import calling, check_signature, label
+
+__all__ = ["Loss", "per_sample", "sparse_cross_entropy"]
+
+Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def sparse_cross_entropy(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
+    """Per-sample cross-entropy of integer labels against softmax outputs."""
+    return keras.losses.sparse_categorical_crossentropy(labels, probs)
+
+
+def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
+    """The per-sample loss function for the `loss` a user gave.
+
+    Args:
+      loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
+        (e.g. `SparseCategoricalCrossentropy(from_logits=True)`), or a
+        function of (labels [B] int32, outputs [B, ...] float32) returning [B].
+
+    Returns:
+      A function of (labels, outputs) that returns one float32 value per sample.
+
+    Raises:
+      UserCodeError: a function that does not take (labels, outputs).
+      UsageError: at trace time, a loss that returns a scalar (a Keras loss
+        is unreduced here; a function must not reduce).
+    """
+    if loss is None:
+        return sparse_cross_entropy
+    if isinstance(loss, keras.losses.Loss):
+        function, name = loss.call, type(loss).__name__
+    elif callable(loss):
+        check_signature(loss, "loss", "a loss takes (labels, outputs)", "labels", "outputs")
+        function, name = loss, label(loss)
+    else:
+        raise UsageError(
+            f"<loss> {loss!r} is not a keras.losses.Loss or a function of (labels, outputs)"
+        )
+
+    def values(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        with calling("loss", name):
+            result = tf.cast(function(labels, outputs), tf.float32)
+        if result.shape.rank == 0:
+            raise UsageError(
+                f"<loss> {name!r} returned one value for the batch; return one per "
+                "sample (the engine averages over the batch and masks padding)"
+            )
+        return result
+
+    return values

@@ -1,0 +1,69 @@
+"""`check_reducer`: a reducer against the exact mean, on gradients of the
+model's own shapes and the run's own devices, before the first step.
+
+A reducer that returns the sum trains, only with a learning rate N times too
+large; this check stops such a run before any update, and says by how much the
+result is off (the conformance kit's `mean_problem`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from engine.reducers.base import COMPRESSION, ReducerError
+from engine.reducers.conformance_checks import (
+    exact_means,
+    mean_problem,
+    run_call,
+    structure_problem,
+    tolerance,
+)
+from engine.userfn import calling
+
+__all__ = ["check_on_model"]
+
+
+def check_on_model(
+    reducer, model, devices: Sequence[str], destinations: Sequence[str], name: str,
+    compress: str | None = None,
+) -> None:
+    """Reduces random gradients shaped as `model`'s trainable variables,
+    one set per tower, and compares the result with their exact mean.
+
+    Args:
+      reducer: the run's reducer.
+      model: the model whose variables give the shapes.
+      devices: the towers' devices.
+      destinations: where the variable mode wants the mean.
+      name: how messages name the reducer.
+      compress: the reducer's transfer dtype (`fp16`, `bf16`) or None, which
+        loosens the tolerance to that dtype's.
+
+    Raises:
+      ReducerError: the result is not the mean; the message gives the factor.
+      UserCodeError: the reducer raised.
+    """
+    rng = np.random.default_rng(0)
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    arrays = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in devices]
+    with calling("reducer", name):
+        symbolic, values, _ = run_call(reducer, arrays, devices, destinations, tf.float32)
+    problem = structure_problem(symbolic, destinations, len(shapes))
+    if problem is None:
+        values = [[np.asarray(t) for t in per_destination] for per_destination in values]
+        expected = exact_means(arrays, tf.float32)
+        shapes_off = [
+            f"variable {v} for {d} has shape {got.shape}, not {want.shape}"
+            for d, tensors in zip(destinations, values)
+            for v, (got, want) in enumerate(zip(tensors, expected))
+            if got.shape != want.shape
+        ]
+        problem = shapes_off[0] if shapes_off else mean_problem(
+            values, expected, destinations, len(devices),
+            tolerance(tf.float32, COMPRESSION.get(compress)),
+        )
+    if problem is not None:
+        raise ReducerError(f"<check_reducer>: <reducer> {name!r} {problem}")

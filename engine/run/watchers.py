@@ -1,0 +1,102 @@
+"""What watches a run between steps besides the loop itself: checkpoints,
+signals, and the replay that puts GPU readers back after a restore."""
+
+from __future__ import annotations
+
+from engine import data
+from engine.core import loop
+from engine.run.build import Towers
+from engine.run.checkpoint import Checkpoints, replay
+from engine.run.signals import GracefulStop
+from engine.topology.devices import Placement
+
+
+def unguarded(what: str, function, *args):
+    """Runs `function(*args)`: a guard without a deadline, where no watchdog is."""
+    return function(*args)
+
+
+class CheckpointWatcher:
+    """Saves every `--checkpoint-every` steps and at the end of every epoch.
+
+    A step that ends an epoch is saved after the epoch's evaluation, so the
+    checkpoint holds the held-out position after it, not before.
+    """
+
+    def __init__(self, checkpoints: Checkpoints, steps_per_epoch: int, say, guard=None):
+        self.checkpoints = checkpoints
+        self.guard = guard or unguarded
+        self.steps_per_epoch = steps_per_epoch
+        self.say = say
+        self.saved_at = -1
+
+    def save(self, step: int) -> str:
+        if step != self.saved_at:
+            self.guard("saving a checkpoint", self.checkpoints.save, step)
+            self.saved_at = step
+        return self.checkpoints.latest
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        if self.checkpoints.should_save(step) and step % self.steps_per_epoch:
+            self.save(step)
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        self.say(f"checkpoint: {self.save(step)}")
+
+
+class SignalWatcher:
+    """Stops the run at the first safe point after a signal: after a step
+    inside an epoch, or after an epoch's evaluation, metrics and checkpoint.
+    A signal during the last epoch's end lets the finished run finish."""
+
+    def __init__(self, stop: GracefulStop, options: loop.LoopOptions):
+        self.stop = stop
+        self.options = options
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        if step % self.options.steps_per_epoch:
+            self.stop.check(step)
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        if epoch < self.options.epochs:
+            self.stop.check(step)
+
+
+def replay_gpu_readers(placement: Placement, towers: Towers, say, guard=None) -> str:
+    """Puts the GPU towers' readers where the restored run left them, by
+    reading and dropping the batches it had taken; returns what to add to
+    the resume line.
+
+    Every train step takes one batch per tower, so the run had taken
+    `global_step` batches; a held-out pass is `eval_batches` batches and
+    repeats, so only the position within it is replayed.
+    """
+    gpu = [t for t in placement.towers if t.gpu_index is not None]
+    if not gpu:
+        return ""
+    devices = [t.device for t in gpu]
+    steps = int(towers.step.global_step.numpy())
+    splits = [(towers.train_iterators, steps)]
+    held_out = towers.held_out
+    if held_out is not None:
+        per_pass = data.eval_batches(held_out.size, held_out.batch_size, held_out.num_towers)
+        splits.append((held_out.iterators, int(held_out.position.numpy()) % per_pass))
+    total = sum(batches for _, batches in splits)
+    if total >= REPLAY_PROGRESS:
+        say(f"replaying {total:,} batches on the GPU towers' readers to the saved position")
+    before = 0
+    for iterators, batches in splits:
+        def progress(done: int, before: int = before) -> None:
+            if total >= REPLAY_PROGRESS:
+                say(f"  {before + done:,}/{total:,} batches")
+
+        replay([iterators[t.index] for t in gpu], devices, batches, progress, guard=guard)
+        before += batches
+    names = ", ".join(str(t.index) for t in gpu)
+    return (f"; GPU tower{'s' * (len(gpu) > 1)} {names} replayed {total:,} batches to "
+            "that data position (DALI cannot save a GPU pipeline's position)")
+
+
+# Replays shorter than this many batches take about a second; longer ones
+# show progress.
+REPLAY_PROGRESS = 2000
