@@ -59,7 +59,7 @@ def worker(config: dict) -> dict:
             raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
         if len(gpus) < devices:
             # One GPU carries N towers as N logical GPUs (tower-train --devices gpu:N).
-            from engine.topology.devices import split_gpu
+            from engine.topology.splits import split_gpu
 
             split_gpu(devices, 8192)
         else:
@@ -93,7 +93,8 @@ def towers_of(config: dict, n: int):
     """Towers for the data code: logical GPUs read through GPU 0 (DALI's device_id)."""
     import tensorflow as tf
 
-    from engine.topology.devices import Tower, logical_gpu_map
+    from engine.topology.devices import Tower
+    from engine.topology.splits import logical_gpu_map
 
     physical = len(tf.config.list_physical_devices("GPU"))
     split = logical_gpu_map(n, 1) if config.get("gpu") and physical < n else {}
@@ -105,7 +106,7 @@ def dali_options(batch: int, config: dict | None = None):
     """The synthetic DALI data every run reads, with tower-train's defaults for
     N towers (threads, prefetch) unless the configuration sweeps them; the
     reference recipes get the same."""
-    from engine.data import pipeline as data
+    from engine import data
 
     config = config or {}
     defaults = data.DataOptions(format="synthetic", train_path=None, val_path=None,
@@ -136,7 +137,7 @@ def run_engine(config: dict) -> list[float]:
     mode = config.get("variables", "reduce-device")
     def make_model():
         with precision.policy(config.get("dtype", "float32")):
-            return models.build(config["model"], (28, 28, 1), 10)
+            return models.builder(config["model"])((28, 28, 1), 10)
 
     step = TowerStep(
         variables=variables.make(
@@ -295,7 +296,7 @@ def run_keras(config: dict) -> list[float]:
     batch = config["batch"] * config["n"]
     dataset = tower_dataset(dali_options(batch, config), towers_of(config, 1)[0], training=True)
     dataset = dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
-    return run_keras_fit(lambda: models.build(config["model"], (28, 28, 1), 10), dataset, config)
+    return run_keras_fit(lambda: models.builder(config["model"])((28, 28, 1), 10), dataset, config)
 
 
 def run_mirrored(config: dict) -> list[float]:
@@ -320,7 +321,7 @@ def run_mirrored(config: dict) -> list[float]:
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
     )
     dataset = strategy.distribute_datasets_from_function(per_replica, options)
-    return run_keras_fit(lambda: models.build(config["model"], (28, 28, 1), 10), dataset,
+    return run_keras_fit(lambda: models.builder(config["model"])((28, 28, 1), 10), dataset,
                          config, strategy)
 
 

@@ -1,26 +1,35 @@
-"""The model zoo: `mlp`, `lenet`, or the user's own `package.module:function`.
+"""The model zoo: `mlp`, `lenet`, or the user's own function or `package.module:function`.
 
-A model maps images [B, H, W, C] in [0, 1] to class probabilities [B, classes]
-(softmax outputs, as Keras' MNIST examples have them). It is built once, under
-the reduce device, and every tower calls the same instance.
+A model maps images [B, H, W, C] in [0, 1] to outputs [B, classes]: the zoo's
+give class probabilities (softmax outputs, as Keras' MNIST examples have them)
+for the default loss; a model that gives logits goes with a loss that takes
+them (`SparseCategoricalCrossentropy(from_logits=True)`). It is built once per
+variable copy, and every tower calls its copy.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import keras
+from engine.errors import UsageError
+from engine.userfn import calling, label, load_function
 
-from engine.userfn import load_function
+if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
+    import keras
+
+__all__ = ["ZOO", "ModelError", "builder", "lenet", "mlp", "model_name", "resolve"]
 
 
-class ModelError(ValueError):
+class ModelError(UsageError):
     """A `--model` that cannot be built; the message is one line."""
 
 
 def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
     """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP."""
+    import keras
+
     layers = [
         keras.Input(input_shape),
         keras.layers.Flatten(),
@@ -34,6 +43,8 @@ def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
 
 def lenet(input_shape, num_classes) -> keras.Model:
     """LeNet-5: two 5x5 convolutions with max pooling, then 120-84-classes."""
+    import keras
+
     return keras.Sequential(
         [
             keras.Input(input_shape),
@@ -51,39 +62,97 @@ def lenet(input_shape, num_classes) -> keras.Model:
 
 
 ZOO: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "lenet": lenet}
+MODEL_CONTRACT = (
+    "a model function takes input_shape and num_classes (each optional, by "
+    "those names) and returns a keras.Model"
+)
 
 
-def resolve(name: str) -> Callable[..., keras.Model]:
-    """The model function for a zoo name or `package.module:function`.
+def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Model]:
+    """The model function for a zoo name, `package.module:function` or a function.
+
+    Args:
+      model: `mlp`, `lenet`, `package.module:function`, or a function.
+
+    Returns:
+      The function, unchanged.
 
     Raises:
-      ModelError: naming the value and what would be valid.
+      ModelError: an unknown name, a spec that cannot be loaded, or a
+        function with parameters other than input_shape and num_classes.
     """
-    if name in ZOO:
-        return ZOO[name]
-    if ":" not in name:
+    if isinstance(model, str):
+        if model in ZOO:
+            return ZOO[model]
+        if ":" not in model:
+            raise ModelError(
+                f"<model> {model!r} is not one of {', '.join(ZOO)} and not "
+                "package.module:function"
+            )
+        function = load_function(model, "model", ModelError)
+    elif callable(model):
+        function = model
+    else:
         raise ModelError(
-            f"--model {name!r} is not one of {', '.join(ZOO)} and not "
-            "package.module:function"
+            f"<model> {model!r} is not a zoo name, package.module:function or a function"
         )
-    return load_function(name, "--model", ModelError)
+    _check_parameters(function, model if isinstance(model, str) else label(function))
+    return function
 
 
-def build(name: str, input_shape, num_classes: int) -> keras.Model:
-    """Builds the model; user functions get `input_shape` and `num_classes`
-    when they declare those parameters."""
-    fn = resolve(name)
-    wanted = inspect.signature(fn).parameters
-    kwargs = {
-        key: value
-        for key, value in (("input_shape", tuple(input_shape)), ("num_classes", num_classes))
-        if key in wanted
-    }
-    model = fn(**kwargs)
-    if not isinstance(model, keras.Model):
-        raise ModelError(
-            f"--model {name!r} returned {type(model).__name__}, not a keras.Model"
-        )
-    if not model.built:
-        model.build((None, *input_shape))
-    return model
+def _check_parameters(function: Callable, name: str) -> None:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return
+    required = [
+        p.name for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY,
+                                               p.KEYWORD_ONLY)
+        and p.name not in ("input_shape", "num_classes")
+    ]
+    if required:
+        takes = ", ".join(str(p).split(":")[0].split("=")[0] for p in parameters)
+        raise ModelError(f"<model> {name!r} takes ({takes}); {MODEL_CONTRACT}")
+
+
+def builder(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Model]:
+    """A function of (input_shape, num_classes) that builds `model`: user
+    functions get those arguments when they declare them, and must return a
+    built (or buildable) keras.Model.
+
+    Raises:
+      ModelError: as `resolve`; when called, a function that returns
+        something other than a keras.Model.
+    """
+    function = resolve(model)
+    name = model if isinstance(model, str) else label(function)
+
+    def build(input_shape, num_classes: int) -> keras.Model:
+        import keras
+
+        wanted = inspect.signature(function).parameters
+        takes_any = any(p.kind == p.VAR_KEYWORD for p in wanted.values())
+        kwargs = {
+            key: value
+            for key, value in (("input_shape", tuple(input_shape)), ("num_classes", num_classes))
+            if key in wanted or takes_any
+        }
+        with calling("model", name):
+            built = function(**kwargs)
+        if not isinstance(built, keras.Model):
+            raise ModelError(
+                f"<model> {name!r} returned {type(built).__name__}, not a keras.Model"
+            )
+        if not built.built:
+            built.build((None, *input_shape))
+        return built
+
+    build.__qualname__ = name
+    return build
+
+
+def model_name(model: str | Callable[..., keras.Model]) -> str:
+    """How checkpoints and messages name `model`: the name or spec as given,
+    else the function's label."""
+    return model if isinstance(model, str) else label(model)

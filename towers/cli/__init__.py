@@ -1,1 +1,6 @@
-"""The command-line tools: thin layers over the library."""
+"""The command-line tools, thin layers over the library: `train` (tower-train),
+`data` (tower-data), `placement` (tower-placement), `reduce_bench`
+(tower-reduce-bench), `worker` (tower-worker); `common` holds their one-line
+errors, `train_flags` tower-train's flags."""
+
+__all__ = ["common", "data", "placement", "reduce_bench", "train", "train_flags", "worker"]

@@ -1,4 +1,5 @@
-"""What every tower-* command shares: one-line errors and a quiet TensorFlow import."""
+"""What every tower-* command shares: one-line errors in flag terms and a quiet
+TensorFlow import."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import os
 import sys
 
 import click
+
+from engine.errors import RunError, TowerError, render
+
+__all__ = ["OneLineCommand", "OneLineGroup", "UsageFailure", "check_output_dir",
+           "check_output_path", "fail", "flags_of", "import_tensorflow", "render"]
 
 
 class UsageFailure(Exception):
@@ -29,6 +35,25 @@ class OneLineErrors:
             fail(self.name, err.format_message().replace("\n", " "))
         except UsageFailure as err:
             fail(self.name, str(err))
+        except TowerError as err:
+            fail(self.name, err.render(flags_of(self)), 1 if isinstance(err, RunError) else 2)
+
+
+def flags_of(command: click.Command, **synonyms: str) -> dict[str, str]:
+    """Argument name -> flag for a command's options (and its subcommands'),
+    so the library's errors name flags: `learning_rate` -> `--lr`.
+
+    Args:
+      command: a click command or group.
+      **synonyms: more names, for arguments no option of the command has.
+    """
+    flags = {}
+    commands = [command, *getattr(command, "commands", {}).values()]
+    for each in commands:
+        for param in each.params:
+            if isinstance(param, click.Option):
+                flags[param.name] = max(param.opts, key=len)
+    return {**flags, **synonyms}
 
 
 class OneLineCommand(OneLineErrors, click.Command):

@@ -28,7 +28,7 @@ def mnist(directory, source):
 
     try:
         meta = mnist_data.prepare(directory, source, log=lambda m: click.echo(m))
-    except (mnist_data.SourceError, OSError) as err:
+    except OSError as err:  # a SourceError goes up: OneLineGroup names its flags
         raise UsageFailure(str(err))
     click.echo(
         f"wrote {meta['train']} training and {meta['val']} held-out digits to "

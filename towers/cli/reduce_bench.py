@@ -114,8 +114,8 @@ def check_target(spec: str, group_size: int, compress: str | None):
     if spec in reducers.BUILT_INS:
         try:
             options = reducers.ReducerOptions(spec, group_size, 0, compress)
-        except reducers.ReducerError as err:
-            raise UsageFailure(str(err))
+        except reducers.ReducerError:
+            raise  # OneLineCommand names the flags
         return PerPlacement(lambda placement: reducers.build(options, placement))
     if ":" not in spec:
         raise UsageFailure(
@@ -231,8 +231,8 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
     check_output_path("--json", json_path)
     try:
         request = devs.parse_request(devices, reduce_device)
-    except devs.DeviceError as err:
-        raise UsageFailure(str(err))
+    except devs.DeviceError:
+        raise  # OneLineCommand names the flags
     element_counts = [parse_size(s.strip()) for s in sizes.split(",")]
     import_tensorflow()
     from engine import reducers
@@ -251,8 +251,8 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
     reserve_inter_op_threads(devs.expected_tower_count(request))
     try:
         placement = devs.configure(request)
-    except devs.DeviceError as err:
-        raise UsageFailure(str(err))
+    except devs.DeviceError:
+        raise  # OneLineCommand names the flags
     if check is not None:
         # By default the last device: a tower only when every device is one.
         last_or_given = placement.reduce_device if reduce_device else placement.devices[-1]
@@ -261,15 +261,15 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
     for name in chosen:
         try:
             options = reducers.ReducerOptions(name, group_size, 0, compress)
-        except reducers.ReducerError as err:
-            raise UsageFailure(str(err))
+        except reducers.ReducerError:
+            raise  # OneLineCommand names the flags
         for count in element_counts:
             try:
                 rows.append(
                     measure(name, placement, count, options, variables, repeats, warmup)
                 )
-            except reducers.ReducerError as err:
-                raise UsageFailure(str(err))
+            except reducers.ReducerError:
+                raise  # OneLineCommand names the flags
             click.echo(f"measured {name} on {count * 4 / 1e6:.2f} MB", err=True)
     click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
                f"{variables} variables, median of {repeats} reductions")

@@ -95,8 +95,8 @@ def _port_from_tf_config() -> int:
 
     try:
         return cluster.own_port(os.environ.get("TF_CONFIG"))
-    except cluster.ClusterError as err:
-        raise UsageFailure(str(err))
+    except cluster.ClusterError:
+        raise  # OneLineCommand names the flags
 
 
 def main():

@@ -1,0 +1,198 @@
+"""What a Trainer does between its arguments and the engine: the checks that
+need no TensorFlow, the process-wide set-up, and the engine's option objects.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from engine import data as data_lib
+from engine.errors import UsageError
+from engine.topology import devices as devs
+
+
+class RunOptions(NamedTuple):
+    """What the towers are built from; `fit` adds the loop's options."""
+
+    data: object  # engine.data.DataOptions
+    model: object  # engine.run.build.ModelOptions
+    reducer: object  # engine.reducers.ReducerOptions
+
+
+def cluster_options(spec: str | None, connect_timeout: float, request):
+    """The cluster from `spec`, else from TF_CONFIG, else None; remote towers
+    without one are refused.
+
+    Raises:
+      ClusterError: a malformed cluster or TF_CONFIG.
+      UsageError: a device on another task and no cluster.
+    """
+    from engine.topology import cluster as cluster_lib
+
+    text = os.environ.get("TF_CONFIG") if spec is None else spec
+    remote = [
+        (argument, name)
+        for argument, names in (("devices", request.towers or ()),
+                                ("reduce_device", (request.reduce_device,)))
+        for name in names
+        if name and devs.task_of(name)
+    ]
+    if not text or not text.strip():
+        if remote:
+            argument, name = remote[0]
+            raise UsageError(
+                f"<{argument}>: {name} is on another task; name the cluster with "
+                "<cluster=worker=HOST:PORT,...> (or TF_CONFIG)"
+            )
+        return None
+    if spec is None:
+        jobs, source = cluster_lib.from_tf_config(text), "TF_CONFIG"
+    else:
+        jobs, source = cluster_lib.parse(text), "<cluster>"
+    return cluster_lib.ClusterOptions(jobs, connect_timeout, source)
+
+
+def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
+                  step_timeout: float) -> None:
+    """Refuses counts and times out of range, naming the argument."""
+    if not step_timeout > 0:
+        raise UsageError(f"<step_timeout> ({step_timeout:g}) must be positive")
+    for argument, value in (("batch_size", batch_size),
+                            ("dali_threads", 1 if dali_threads is None else dali_threads),
+                            ("prefetch", prefetch)):
+        if value < 1:
+            raise UsageError(f"<{argument}> ({value}) must be at least 1")
+
+
+def start_tensorflow(request, reducer, deterministic: bool, log_device_placement: bool) -> None:
+    """TensorFlow's process-wide settings for this run (engine.topology.process)."""
+    from engine.topology import process
+
+    process.start(
+        deterministic=deterministic,
+        collective_towers=(devs.expected_tower_count(request)
+                           if reducer == "collective" else None),
+        log_device_placement=log_device_placement,
+    )
+
+
+def watch_cluster(cluster, step_timeout: float, trainer):
+    """Waits for the cluster's tasks; the watchdog of every step from then on."""
+    from engine.topology import process
+
+    return process.watch_cluster(cluster, step_timeout, trainer._say, trainer.warn,
+                                 trainer.resume_advice)
+
+
+def configure(request, cluster, watchdog):
+    """The placement: logical devices split, the cluster connected, names resolved."""
+    from engine.topology import process
+
+    return devs.configure(request, process.connector(cluster, watchdog))
+
+
+def check_data_fits(info, towers: int, batch_size: int) -> None:
+    """Every tower needs a held-out shard, and a training shard of a batch or more."""
+    if info.val_size is not None and info.val_size < towers:
+        raise UsageError(
+            f"<data>: {info.val_path} has {info.val_size} held-out samples, fewer than "
+            f"the {towers} towers that each need a shard of it; add samples or remove "
+            "val/"
+        )
+    if info.train_size is not None and info.train_size // towers < batch_size:
+        raise UsageError(
+            f"<batch_size={batch_size}>: {info.train_path} has {info.train_size} "
+            f"samples, {info.train_size // towers} per shard for {towers} towers, "
+            "fewer than one batch; lower <batch_size> or use fewer towers"
+        )
+
+
+def run_options(placement, info, source, model, model_fn, *, optimizer, learning_rate,
+                loss, batch_size, reducer, variables, group_size, pack_bytes, compress,
+                mixed_precision, xla, seed, dali_threads, prefetch) -> RunOptions:
+    """The data, model and reducer options of a run on `placement`."""
+    from engine import reducers
+    from engine.core import precision
+    from engine.run import build
+    from towers import models
+
+    towers = len(placement.towers)
+    compute_dtype = precision.mixed_dtype(placement) if mixed_precision else "float32"
+    note = ""
+    if learning_rate is None and isinstance(optimizer, str) and optimizer in build.OPTIMIZERS:
+        learning_rate, note = build.default_learning_rate(optimizer, batch_size * towers)
+    data_options = data_lib.DataOptions(
+        format=info.format,
+        train_path=info.train_path,
+        val_path=info.val_path,
+        batch_size=batch_size,
+        image_shape=source.image_shape,
+        num_classes=info.num_classes,
+        seed=seed,
+        num_threads=dali_threads or data_lib.default_threads(towers),
+        prefetch=prefetch,
+        pipeline=source.function,
+    )
+    model_options = build.ModelOptions(
+        model_fn, models.model_name(model), optimizer,
+        1e-3 if learning_rate is None else learning_rate, loss, seed, note, variables,
+        compute_dtype, xla,
+    )
+    return RunOptions(data_options, model_options,
+                      reducers.ReducerOptions(reducer, group_size, pack_bytes, compress))
+
+
+def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> None:
+    """The checks of fit's arguments that need nothing built (the CLI makes
+    them before TensorFlow starts)."""
+    if check_replicas and variables != "replicated":
+        raise UsageError(
+            f"<check_replicas={check_replicas}> compares replicated variables; "
+            "add <variables=replicated>"
+        )
+    if profile_steps is not None and logdir is None:
+        raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
+
+
+def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_per_epoch,
+                  steps_per_loop, eval_steps, metrics, checkpoint_dir, checkpoint_every,
+                  keep_checkpoints, resume, placement_log, strict_placement, logdir,
+                  profile_steps, skip_nonfinite, check_replicas):
+    """Everything `fit` runs with; default epoch and evaluation lengths from the data."""
+    import dataclasses
+
+    from engine.core import loop
+    from engine.run.checkpoint import CheckpointOptions
+    from engine.run.train import PlacementOptions, TrainOptions
+
+    check_fit(run.model.variables, check_replicas, profile_steps, logdir)
+    batch = run.data.batch_size
+    if steps_per_epoch is None:
+        steps_per_epoch = 100 if info.train_size is None else info.train_size // (batch * towers)
+    if eval_steps is None:
+        eval_steps = data_lib.eval_batches(info.val_size, batch, towers) if info.val_size else 0
+    return TrainOptions(
+        data=dataclasses.replace(run.data, checkpointing=checkpoint_dir is not None),
+        model=run.model,
+        reducer=run.reducer,
+        loop=loop.LoopOptions(epochs, steps_per_epoch, eval_steps, metrics, check_replicas,
+                              steps_per_loop=steps_per_loop),
+        placement=PlacementOptions(placement_log, strict_placement),
+        checkpoints=CheckpointOptions(
+            checkpoint_dir, checkpoint_every, keep_checkpoints, resume,
+            io_device=cluster.local_cpu if cluster else None,
+        ),
+        skip_nonfinite=skip_nonfinite,
+        logdir=logdir,
+        profile_steps=None if profile_steps is None else tuple(profile_steps),
+    )
+
+
+def check_reducer(step, placement, compress: str | None) -> None:
+    """Compares the step's reducer with the exact mean before the first step
+    (engine.reducers.preflight)."""
+    from engine.reducers import preflight
+
+    preflight.check_on_model(step.reducer, step.model, placement.devices,
+                             step.variables.destinations, step.reducer_label, compress)

@@ -1,0 +1,295 @@
+"""tower-train's flags: one per argument of towers.Trainer and its fit, plus
+what only a command line needs (--data, --debug, --log-device-placement)."""
+
+from __future__ import annotations
+
+import click
+
+from towers.data import DEFAULT_MNIST
+
+__all__ = ["options"]
+
+DEFAULT_DATA = DEFAULT_MNIST
+
+
+def options(command):
+    """Adds every tower-train flag to `command`."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+_OPTIONS = [
+    click.option(
+        "--devices",
+        default="all",
+        show_default=True,
+        help="Towers: GPU indices (0,1,2,3), 'all' (every GPU, else one CPU tower "
+        "per core), 'cpu:N' (N logical CPU devices), 'gpu:N' (N logical GPUs of GPU 0), "
+        "or names (/gpu:1,/cpu:0).",
+    ),
+    click.option(
+        "--gpu-memory",
+        default=None,
+        type=int,
+        help="With --devices gpu:N: MiB of GPU 0's memory for each logical GPU "
+        "(default 4096).",
+    ),
+    click.option(
+        "--reduce-device",
+        default=None,
+        help="Where variables live and gradients are averaged. Default /cpu:0: host "
+        "memory every tower reaches alike, present on every machine.",
+    ),
+    click.option(
+        "--data",
+        "data_path",
+        default=None,
+        help=f"Directory with train/ (and val/). Default: real MNIST in {DEFAULT_DATA}, "
+        "prepared on first use.",
+    ),
+    click.option(
+        "--data-format",
+        default="auto",
+        show_default=True,
+        type=click.Choice(["auto", "caffe2", "folder", "synthetic"]),
+        help="caffe2 = LMDB, folder = one sub-folder per class, synthetic = DALI-generated.",
+    ),
+    click.option(
+        "--data-pipeline",
+        default=None,
+        help="Your own DALI pipeline instead of --data: package.module:function taking "
+        "one towers.data.Shard and returning a pipeline of (images, labels); "
+        "28x28x1 images, 10 classes (see the README).",
+    ),
+    click.option(
+        "--model",
+        default="mlp",
+        show_default=True,
+        help="mlp, lenet, or package.module:function returning a Keras model.",
+    ),
+    click.option(
+        "--batch-size",
+        default=64,
+        show_default=True,
+        type=int,
+        help="Samples per tower per step.",
+    ),
+    click.option("--epochs", default=5, show_default=True, type=int),
+    click.option(
+        "--steps-per-epoch",
+        default=None,
+        type=int,
+        help="Default: one pass over the training set.",
+    ),
+    click.option(
+        "--steps-per-loop",
+        default=1,
+        show_default=True,
+        type=int,
+        help="Training steps per call of the compiled step: the host dispatches, "
+        "and looks at progress, checkpoints and signals, once per K steps.",
+    ),
+    click.option(
+        "--eval-steps",
+        default=None,
+        type=int,
+        help="Held-out batches per tower after each epoch; 0 skips. "
+        "Default: the whole held-out set once.",
+    ),
+    click.option(
+        "--optimizer",
+        default="adam",
+        show_default=True,
+        type=click.Choice(["sgd", "momentum", "adam", "rmsprop"]),
+    ),
+    click.option(
+        "--lr",
+        "learning_rate",
+        default=None,
+        type=float,
+        help="Learning rate. Default: the optimizer's rate for a batch of 32 "
+        "(adam, rmsprop 0.001; sgd, momentum 0.01) scaled to the global batch: "
+        "by its square root for adam and rmsprop, linearly for sgd.",
+    ),
+    click.option("--seed", default=0, show_default=True, type=int),
+    click.option(
+        "--metrics",
+        "metrics",
+        default=None,
+        help="Append one JSON line per epoch to this file.",
+    ),
+    click.option(
+        "--reducer",
+        default="central",
+        show_default=True,
+        help="How gradients are averaged: central (on --reduce-device), ring, "
+        "tree, hierarchical, collective, nccl (GPU only), or "
+        "package.module:function (see the README for the contract).",
+    ),
+    click.option(
+        "--variables",
+        "variables",
+        default="reduce-device",
+        show_default=True,
+        type=click.Choice(["reduce-device", "replicated"]),
+        help="One copy of the variables on --reduce-device, or a copy per tower.",
+    ),
+    click.option(
+        "--group-size",
+        default=2,
+        show_default=True,
+        type=int,
+        help="Towers per group for --reducer hierarchical.",
+    ),
+    click.option(
+        "--pack-bytes",
+        default=0,
+        show_default=True,
+        type=int,
+        help="Fuse gradients into buffers of about this many bytes before "
+        "reducing; 0 reduces each gradient alone.",
+    ),
+    click.option(
+        "--compress",
+        default=None,
+        type=click.Choice(["fp16", "bf16"]),
+        help="Move gradients in this dtype, casting back after the transfer.",
+    ),
+    click.option(
+        "--check-reducer",
+        is_flag=True,
+        help="Before the first step, compare the reducer's result with the exact "
+        "mean on gradients of the model's shapes; stop with the factor if they differ.",
+    ),
+    click.option(
+        "--check-replicas",
+        default=0,
+        show_default=True,
+        type=int,
+        help="With --variables replicated, compare the copies every K steps "
+        "and stop if they drift apart.",
+    ),
+    click.option(
+        "--checkpoint-dir",
+        default=None,
+        help="Save checkpoints here: at the end of every epoch, and every "
+        "--checkpoint-every steps.",
+    ),
+    click.option(
+        "--checkpoint-every",
+        default=0,
+        show_default=True,
+        type=int,
+        help="Also save every K steps (0: only at the end of epochs).",
+    ),
+    click.option(
+        "--keep-checkpoints",
+        default=3,
+        show_default=True,
+        type=int,
+        help="Keep the newest M checkpoints.",
+    ),
+    click.option(
+        "--resume",
+        is_flag=True,
+        help="Continue from the newest good checkpoint in --checkpoint-dir.",
+    ),
+    click.option(
+        "--skip-nonfinite",
+        is_flag=True,
+        help="Skip (and count) steps whose loss or gradient is not finite "
+        "instead of stopping.",
+    ),
+    click.option(
+        "--deterministic",
+        is_flag=True,
+        help="TensorFlow op determinism: runs with the same seed and devices "
+        "give identical losses.",
+    ),
+    click.option(
+        "--xla",
+        is_flag=True,
+        help="Compile each tower's forward and backward pass with XLA, on the "
+        "tower's device. Needs --variables replicated.",
+    ),
+    click.option(
+        "--mixed-precision",
+        is_flag=True,
+        help="Compute in bfloat16 on CPU towers, float16 on GPU towers (with "
+        "dynamic loss scaling); variables and the loss stay float32.",
+    ),
+    click.option(
+        "--logdir",
+        default=None,
+        help="Write TensorBoard scalars here (loss, accuracy, step time each "
+        "step; images/s and held-out numbers each epoch).",
+    ),
+    click.option(
+        "--profile-steps",
+        default=None,
+        help="A:B: a TensorFlow profiler trace of global steps A to B, in --logdir.",
+    ),
+    click.option(
+        "--placement-log",
+        default=None,
+        help="Write where every op of the first train and eval steps really "
+        "ran, and what crossed devices, to this JSON Lines file; a summary "
+        "is printed at the end.",
+    ),
+    click.option(
+        "--strict-placement",
+        is_flag=True,
+        help="Stop after the first step if any tower op ran outside its "
+        "tower's device.",
+    ),
+    click.option(
+        "--log-device-placement",
+        is_flag=True,
+        help="Also turn on TensorFlow's own device placement printout.",
+    ),
+    click.option(
+        "--dali-threads",
+        default=None,
+        type=int,
+        help="DALI worker threads per tower pipeline. Default: a quarter of "
+        "this host's cores per tower (at least 1), leaving the rest to the towers.",
+    ),
+    click.option(
+        "--prefetch",
+        default=2,
+        show_default=True,
+        type=int,
+        help="DALI prefetch queue depth per tower pipeline.",
+    ),
+    click.option(
+        "--cluster",
+        "cluster",
+        default=None,
+        help="Train on remote towers too: the workers' addresses, e.g. "
+        "worker=h1:2222,h2:2222 (each running tower-worker); add "
+        "'chief=THIS_HOST:PORT;' in front when the workers are on other hosts. "
+        "Default: TF_CONFIG's cluster, if set.",
+    ),
+    click.option(
+        "--connect-timeout",
+        default=60.0,
+        show_default=True,
+        type=float,
+        help="Seconds to wait for every cluster task to answer at start.",
+    ),
+    click.option(
+        "--step-timeout",
+        default=300.0,
+        show_default=True,
+        type=float,
+        help="With a cluster: seconds a step may take before the run stops "
+        "and names the tasks that do not answer.",
+    ),
+    click.option(
+        "--debug",
+        is_flag=True,
+        help="On an error in your own model, loss, reducer or pipeline, also print "
+        "its traceback (your frames). Also: TOWER_TRAIN_DEBUG=1.",
+    ),
+]

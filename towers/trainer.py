@@ -1,0 +1,289 @@
+"""`Trainer`: explicit towers, one DALI shard each, the reduction you choose, from Python.
+
+`tower-train` is a thin layer over this class: it parses flags into these
+arguments and calls `fit`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from engine.errors import UsageError
+from engine.topology import devices as devs
+from towers import data as sources
+from towers import models
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """Builds one tower per device and trains them with a custom step.
+
+    Making a Trainer does the process-wide set-up (splitting the host CPU or
+    GPU 0 into logical devices, TensorFlow's threads, the cluster), checks
+    every argument and the data, and finds the devices. Towers are built by
+    the first `fit` or `evaluate`, and later calls go on with them.
+
+    Args:
+      devices: the towers: `"all"` (every GPU, else one CPU tower per core),
+        `"cpu:N"` (N logical CPU devices), `"gpu:N"` (N logical GPUs of GPU
+        0), GPU indices `"0,1"`, or device names (`["/gpu:0", "/gpu:1"]`).
+      model: `"mlp"`, `"lenet"`, `"package.module:function"`, or a function
+        of (input_shape, num_classes) returning a keras.Model.
+      optimizer: `"adam"`, `"sgd"`, `"momentum"`, `"rmsprop"`, or a function
+        returning a new Keras optimizer (called once per variable copy).
+      learning_rate: for a named optimizer; default: its rate for a batch of
+        32 scaled to the global batch (square root for adam and rmsprop,
+        linearly for sgd and momentum).
+      loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
+        such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
+        function of (labels, outputs) giving one value per sample.
+      data: a `towers.data` source; default `towers.data.mnist()`.
+      batch_size: samples per tower per step.
+      reducer: `"central"`, `"ring"`, `"tree"`, `"hierarchical"`,
+        `"collective"`, `"nccl"`, `"package.module:function"`, or a function
+        of (tower_grads, devices, destinations) returning the mean for each
+        destination (README, "Your own reducer").
+      variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
+      reduce_device: where variables live and gradients meet; default /cpu:0.
+      group_size, pack_bytes, compress: the reducer's options (README).
+      mixed_precision: bfloat16 on CPU towers, float16 with loss scaling on GPUs.
+      xla: compile each tower's forward and backward pass (needs replicated
+        variables).
+      seed: model initialisation, dropout and DALI's shuffling.
+      deterministic: TensorFlow op determinism (process-wide).
+      gpu_memory: MiB per logical GPU with `devices="gpu:N"`.
+      dali_threads, prefetch: DALI threads and queue depth per tower pipeline.
+      cluster: `"worker=h1:2222,h2:2222"` for remote towers; default
+        TF_CONFIG's cluster, if set.
+      connect_timeout, step_timeout: seconds, with a cluster.
+      check_reducer: before the first step, compare the reducer's result
+        with the exact mean on gradients of the model's shapes, and stop
+        with the measured factor when they differ.
+      stream: where the layout, progress and summaries go (stdout).
+      resume_hint: how messages tell the user to resume (the CLI passes
+        its command line).
+
+    Raises:
+      UsageError: (or a subclass: DeviceError, DataError, ModelError,
+        ReducerError, ClusterError) naming the argument, the value and the
+        fix; nothing has been written.
+    """
+
+    def __init__(
+        self,
+        devices: str | Sequence[str] = "all",
+        *,
+        model: str | Callable = "mlp",
+        optimizer: str | Callable = "adam",
+        learning_rate: float | None = None,
+        loss=None,
+        data: sources.Source | None = None,
+        batch_size: int = 64,
+        reducer: str | Callable = "central",
+        variables: str = "reduce-device",
+        reduce_device: str | None = None,
+        group_size: int = 2,
+        pack_bytes: int = 0,
+        compress: str | None = None,
+        mixed_precision: bool = False,
+        xla: bool = False,
+        seed: int = 0,
+        deterministic: bool = False,
+        gpu_memory: int | None = None,
+        dali_threads: int | None = None,
+        prefetch: int = 2,
+        cluster: str | None = None,
+        connect_timeout: float = 60.0,
+        step_timeout: float = 300.0,
+        check_reducer: bool = False,
+        log_device_placement: bool = False,
+        stream: TextIO | None = None,
+        resume_hint: str = "fit(..., resume=True)",
+    ):
+        from towers import _setup as setup
+
+        self.stream = stream or sys.stdout
+        self.resume_hint = resume_hint
+        self.check_reducer = check_reducer
+        if not isinstance(devices, str):
+            devices = ",".join(devices)
+        request = devs.parse_request(devices, reduce_device, gpu_memory)
+        cluster_options = setup.cluster_options(cluster, connect_timeout, request)
+        setup.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
+                            prefetch=prefetch, step_timeout=step_timeout)
+        if xla and deterministic:
+            raise UsageError(
+                "<xla=True> <deterministic=True>: XLA has no deterministic version of "
+                "some ops (max-pooling gradients, for one) and TensorFlow refuses them "
+                "mid-run; drop one of the two flags"
+            )
+        source = data or sources.mnist()
+        model_fn = models.builder(model)
+        # Data the user named is checked before TensorFlow starts; MNIST that
+        # is still to be prepared waits until the devices are known to be good.
+        info = source.inspect(self._say) if source.is_prepared else None
+        setup.start_tensorflow(request, reducer, deterministic, log_device_placement)
+        self.watchdog = None
+        if cluster_options is not None:
+            self.watchdog = setup.watch_cluster(cluster_options, step_timeout, self)
+        self.placement = setup.configure(request, cluster_options, self.watchdog)
+        self.info = info or source.inspect(self._say)
+        towers = len(self.placement.towers)
+        setup.check_data_fits(self.info, towers, batch_size)
+        self.cluster = cluster_options
+        self.options = setup.run_options(
+            self.placement, self.info, source, model, model_fn,
+            optimizer=optimizer, learning_rate=learning_rate, loss=loss,
+            batch_size=batch_size, reducer=reducer, variables=variables,
+            group_size=group_size, pack_bytes=pack_bytes, compress=compress,
+            mixed_precision=mixed_precision, xla=xla, seed=seed,
+            dali_threads=dali_threads, prefetch=prefetch,
+        )
+        self.towers = None
+        self.checkpoint_dir = None
+        self._checkpointing = None  # whether the built pipelines can be saved
+
+    def _say(self, message: str) -> None:
+        print(message, file=self.stream, flush=True)
+
+    def warn(self, message: str) -> None:
+        """Prints a one-line warning or error about the run, on stderr."""
+        sys.stdout.flush()
+        print(f"tower-train: error: {message}", file=sys.stderr, flush=True)
+
+    def resume_advice(self) -> str:
+        """Where the run can go on from, for messages about a lost cluster."""
+        import tensorflow as tf
+
+        directory = self.checkpoint_dir
+        latest = tf.train.latest_checkpoint(directory) if directory else None
+        if latest is None:
+            return "no checkpoint was saved" + ("" if directory else " (no <checkpoint_dir>)")
+        return (f"the last checkpoint is {latest}; once every worker is up again, resume "
+                f"with: {self.resume_hint}")
+
+    def fit(
+        self,
+        epochs: int = 5,
+        steps_per_epoch: int | None = None,
+        *,
+        steps_per_loop: int = 1,
+        eval_steps: int | None = None,
+        metrics: str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 0,
+        keep_checkpoints: int = 3,
+        resume: bool = False,
+        placement_log: str | None = None,
+        strict_placement: bool = False,
+        logdir: str | None = None,
+        profile_steps: tuple[int, int] | None = None,
+        skip_nonfinite: bool = False,
+        check_replicas: int = 0,
+        stop=None,
+    ) -> list[dict]:
+        """Trains until `epochs` epochs are done in all (a resumed or continued
+        run counts the epochs it had), evaluating after each.
+
+        Args:
+          epochs: the epoch to train up to.
+          steps_per_epoch: default: one pass over the training set (100 steps
+            for data of unknown size).
+          steps_per_loop: steps per call of the compiled step.
+          eval_steps: held-out batches per tower after each epoch; 0 skips;
+            default: the whole held-out set once.
+          metrics: append one JSON line per epoch to this file.
+          checkpoint_dir: save at the end of every epoch (and every
+            `checkpoint_every` steps) here.
+          checkpoint_every: also save every this many steps.
+          keep_checkpoints: keep the newest this many.
+          resume: go on from the newest good checkpoint in checkpoint_dir.
+          placement_log: write where every op of the first train and eval
+            steps ran, and what crossed devices, to this JSON Lines file.
+          strict_placement: stop after the first step if a tower op strayed.
+          logdir: TensorBoard scalars here.
+          profile_steps: (A, B): a profiler trace of global steps A to B in logdir.
+          skip_nonfinite: skip (and count) steps with a non-finite loss or
+            gradient instead of stopping.
+          check_replicas: with replicated variables, compare the copies every
+            this many steps.
+          stop: an engine.run.signals.GracefulStop that stops the run at the
+            next safe point after a signal.
+
+        Returns:
+          One record per epoch trained here: loss, accuracy, eval_loss,
+          eval_accuracy, images_per_sec, ...
+
+        Raises:
+          UsageError: a bad argument, naming it; nothing has been written.
+          NonFiniteError, StrayPlacementError, ReplicaDriftError,
+          CheckpointError: the run could not go on (engine.errors.RunError).
+          StopRequested: `stop` saw a signal (after a checkpoint was saved).
+        """
+        from engine.run import train as train_lib
+        from towers import _setup as setup
+
+        options = setup.train_options(
+            self.options, self.info, len(self.placement.towers), self.cluster,
+            epochs=epochs, steps_per_epoch=steps_per_epoch, steps_per_loop=steps_per_loop,
+            eval_steps=eval_steps, metrics=metrics, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+            resume=resume, placement_log=placement_log, strict_placement=strict_placement,
+            logdir=logdir, profile_steps=profile_steps, skip_nonfinite=skip_nonfinite,
+            check_replicas=check_replicas,
+        )
+        if self.towers is not None and options.data.checkpointing != self._checkpointing:
+            raise UsageError(
+                "<checkpoint_dir>: this Trainer's pipelines were built by an earlier call "
+                f"{'with' if self._checkpointing else 'without'} checkpoints; make a new "
+                "Trainer to change that"
+            )
+        self.checkpoint_dir = checkpoint_dir
+        self._build(options)
+        return train_lib.train(
+            self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers
+        )
+
+    def evaluate(self, steps: int | None = None) -> dict[str, float]:
+        """One pass over the held-out set (or `steps` batches per tower).
+
+        Returns:
+          eval_loss, eval_accuracy and eval_samples.
+
+        Raises:
+          UsageError: the data has no held-out set.
+        """
+        from engine import data as data_lib
+
+        self._build(self.options)
+        held_out = self.towers.held_out
+        if held_out is None:
+            raise UsageError("<data> has no held-out set to evaluate on")
+        if steps is None:
+            steps = data_lib.eval_batches(held_out.size, held_out.batch_size,
+                                          held_out.num_towers)
+        return held_out.evaluate(self.towers.step, steps)
+
+    @property
+    def model(self):
+        """The Keras model (tower 0's copy with replicated variables); None
+        until the towers are built."""
+        return None if self.towers is None else self.towers.step.model
+
+    def _build(self, options) -> None:
+        if self.towers is not None:
+            return
+        from engine.run import build as build_lib
+        from engine.run.watchers import unguarded
+        from towers import _setup as setup
+
+        guard = self.watchdog.guard if self.watchdog else unguarded
+        self.towers = guard("building the towers", build_lib.build, self.placement,
+                            options.data, options.model, options.reducer, self.info.val_size)
+        self._checkpointing = options.data.checkpointing
+        if self.check_reducer:
+            setup.check_reducer(self.towers.step, self.placement, options.reducer.compress)
+
