@@ -87,3 +87,10 @@ def digit_iterators(digits, placement, steps: int, batch: int) -> list:
         with tf.device(tower.device):
             iterators.append(iter(shard))
     return iterators
+
+
+def flag_message(error) -> str:
+    """An engine error as tower-train prints it: its arguments named as flags."""
+    from towers.cli.train import FLAGS
+
+    return error.render(FLAGS)

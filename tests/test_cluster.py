@@ -108,7 +108,7 @@ def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, processes
         "--placement-log", str(tmp_path / "placement.jsonl"),
     ))
     assert remote.returncode == 0, remote.stderr
-    assert f"tower 1  /job:worker/task:1/cpu:0 shard 1/2" in remote.stdout
+    assert "tower 1  /job:worker/task:1/cpu:0 shard 1/2" in remote.stdout
     local = run_cli("tower-train", "--devices", "cpu:2", "--data", mnist_dir, *common,
                     "--metrics", str(tmp_path / "local.jsonl"))
     assert local.returncode == 0, local.stderr

@@ -13,13 +13,13 @@ import tensorflow as tf
 from conftest import GPUS, LOGICAL_GPUS, needs_gpu, run_cli
 from test_reducers import ALL, check_means, run_reducer
 
-from engine import reducers
+from engine import data, reducers
 from engine.core import loop
-from engine.data import pipeline as data
 from engine.placement import report as placement_report
 from engine.run import trainer as train
 from engine.run.progress import EpochProgress
-from engine.topology.devices import logical_gpu_map, parse_request, resolve
+from engine.topology.devices import parse_request, resolve
+from engine.topology.splits import logical_gpu_map
 
 pytestmark = needs_gpu
 

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 from conftest import run_cli
 
-from engine.core.step import TowerStep, sparse_cross_entropy
+from engine.core.losses import sparse_cross_entropy
+from engine.core.step import TowerStep
 from engine.core.variables import ReduceDeviceVariables
 from engine.placement import log as placement
 from engine.placement import render as placement_render

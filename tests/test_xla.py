@@ -2,7 +2,6 @@
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 from conftest import digit_iterators, run_cli
 
