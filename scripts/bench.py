@@ -125,7 +125,7 @@ def run_engine(config: dict) -> list[float]:
     from engine import reducers
     from engine.core import precision, variables
     from engine.core.step import TowerStep
-    from engine.run import trainer as train
+    from engine.run import build as train
     from engine.topology.devices import Placement
     from towers import models
 
