@@ -9,6 +9,7 @@ per mode behind that one interface.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import keras
 import numpy as np
@@ -20,6 +21,28 @@ from engine.errors import RunError, UsageError
 from engine.topology.devices import Placement
 
 MODES = ("reduce-device", "replicated")
+
+
+class VariableMode(Protocol):
+    """What the step asks of a variable mode (ReduceDeviceVariables,
+    ReplicatedVariables, or one of yours).
+
+    Attributes:
+      model: the model copy the run describes and saves (tower 0's).
+      destinations: the devices that need the reduced gradients.
+    """
+
+    model: keras.Model
+    destinations: list[str]
+
+    def model_for(self, tower: int) -> keras.Model:
+        """The copy tower `tower` calls."""
+
+    def trackables(self) -> dict:
+        """What a checkpoint must hold: variables and optimizer state."""
+
+    def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
+        """Applies reduced[d], the mean for destinations[d], to the copies."""
 
 
 class ReplicaDriftError(RunError):
