@@ -11,15 +11,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import GPUS, LOGICAL_GPUS, needs_gpu, run_cli
-from test_reducers import ALL, check_means, run_reducer
+from test_reducers import ALL
 
 from engine import data, reducers
 from engine.core import loop
 from engine.placement import report as placement_report
-from engine.run import trainer as train
+from engine.reducers import conformance
+from engine.run import build as train
 from engine.run.progress import EpochProgress
 from engine.topology.devices import parse_request, resolve
 from engine.topology.splits import logical_gpu_map
+from towers import models
 
 pytestmark = needs_gpu
 
@@ -40,8 +42,9 @@ def test_every_reducer_gives_the_mean_between_logical_gpus(name, reduce_device):
     arrays = [[rng.normal(size=(33, 5)), rng.normal(size=(7,))] for _ in LOGICAL]
     reducer = reducers.build(reducers.ReducerOptions(name, group_size=2), placement_)
     for destinations in (LOGICAL, [reduce_device]):
-        result = run_reducer(reducer, arrays, LOGICAL, destinations, tf.float32)
-        check_means(result, arrays, destinations, tf.float32)
+        rows = conformance.check_call(reducer, arrays, LOGICAL, destinations, tf.float32)
+        conformance.assert_all_passed(rows)
+        assert {row.name for row in rows} >= {"mean", "shape", "placement"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -54,7 +57,8 @@ def test_four_logical_gpus_train_real_mnist_with_each_reducer(mnist_dir, name, v
     data_options = data.DataOptions(format=info.format, train_path=info.train_path,
                                     val_path=info.val_path, batch_size=64)
     towers = train.build(placement_, data_options,
-                         train.ModelOptions(learning_rate=2e-3, variables=variables),
+                         train.ModelOptions(models.builder("mlp"), learning_rate=2e-3,
+                                            variables=variables),
                          reducers.ReducerOptions(name), info.val_size)
     options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
                                eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
