@@ -31,14 +31,11 @@ def test_the_readme_example_is_the_script():
     assert code == body
 
 
-def test_the_readme_example_trains_real_mnist_to_95_percent(mnist_dir):
-    env = {**os.environ, "XDG_CACHE_HOME": os.path.dirname(os.path.dirname(mnist_dir))}
+def test_the_readme_example_trains_real_mnist_to_95_percent(mnist_dir, tmp_path):
     # towers.data.mnist() reads $XDG_CACHE_HOME/tower-train/mnist: point it here.
-    cache = os.path.join(env["XDG_CACHE_HOME"], "tower-train")
-    os.makedirs(cache, exist_ok=True)
-    link = os.path.join(cache, "mnist")
-    if not os.path.exists(link):
-        os.symlink(mnist_dir, link)
+    (tmp_path / "tower-train").mkdir()
+    (tmp_path / "tower-train" / "mnist").symlink_to(mnist_dir)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, EXAMPLE], capture_output=True, text=True,
                             env=env, cwd=REPO, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
