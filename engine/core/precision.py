@@ -2,7 +2,7 @@
 
 With `--mixed-precision`, layers compute in bfloat16 on CPU towers (no loss
 scaling needed: bfloat16 has float32's exponent range) and in float16 on GPU
-towers (which need loss scaling, engine/loss_scale.py). Variables stay
+towers (which need loss scaling, engine/core/loss_scale.py). Variables stay
 float32 either way, and the step computes the loss in float32.
 """
 

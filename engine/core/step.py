@@ -86,13 +86,13 @@ class TowerStep:
     """Builds and holds the step functions for one placement.
 
     Args:
-      variables: the variable mode (engine.variables): which model copy each
+      variables: the variable mode (engine.core.variables): which model copy each
         tower calls, where the reduced gradients go, how the update applies.
       placement: the towers and the reduce device (which also keeps the
         epoch's metric sums).
       reducer: turns the towers' gradient lists into the mean gradients on the
         variable mode's destinations (engine.reducers).
-      loss_scale: engine.loss_scale.NoLossScale, or DynamicLossScale for
+      loss_scale: engine.core.loss_scale.NoLossScale, or DynamicLossScale for
         float16 towers.
       xla: compile each tower's forward and backward with XLA, one cluster
         per tower on its device. The cluster reads the variables itself, so

@@ -22,7 +22,7 @@ Log schema (JSON Lines), one object per line:
   A control transfer is a cross-device control edge: an ordering signal that
   carries no data (bytes 0).
 Devices are written short: `/cpu:1` when local, `/job:worker/task:1/cpu:0` on
-another task (see engine.devices.canonical); `bytes` is
+another task (see engine.topology.devices.canonical); `bytes` is
 per call of the step and null when the size cannot be known (never 0).
 """
 

@@ -1,6 +1,6 @@
 """The non-finite guard: stop (or skip and count) when a loss or gradient is not finite.
 
-The step itself never applies a non-finite update (engine/step.py); this
+The step itself never applies a non-finite update (engine/core/step.py); this
 watcher decides what the run does about it. A step the dynamic loss scale
 overflowed (`overflow` in the step's outputs) has already been handled by
 lowering the scale: it passes silently.

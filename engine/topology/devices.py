@@ -287,7 +287,7 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
 
     Args:
       request: the parsed request.
-      connect: connects this process to a cluster (engine.cluster), making
+      connect: connects this process to a cluster (engine.topology.cluster), making
         the workers' devices visible; `all` then means theirs.
     """
     import tensorflow as tf
