@@ -311,7 +311,9 @@ def configure(request: DeviceRequest, connect: Callable[[], None] | None = None)
         # TensorFlow grow into the memory it needs instead of taking it all.
         try:
             tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # TensorFlow has started: its GPUs are set up already
+        except (RuntimeError, ValueError):
+            # TensorFlow has started (RuntimeError), or this process split the
+            # GPU into logical GPUs (ValueError): its memory is set up already.
             pass
     if request.towers is None and not gpus and connect is None:
         logical_cpus = default_cpu_towers()
