@@ -193,3 +193,20 @@ def test_logits_and_a_keras_loss_train_in_process():
         (record,) = trainer.fit(epochs=1, steps_per_epoch=3)
     # Uniform noise and random labels: the loss is about log(10) = 2.30.
     assert 2.0 < record["loss"] < 2.8
+
+
+def test_the_readme_example_reducer_passes_the_conformance_check():
+    """The example's own reducer, taken from the script without running its
+    training: the checks tower-reduce-bench --check runs."""
+    import ast
+
+    from engine.reducers import conformance
+
+    with open(EXAMPLE) as stream:
+        tree = ast.parse(stream.read())
+    kept = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom | ast.FunctionDef)]
+    namespace = {}
+    exec(compile(ast.Module(kept, []), EXAMPLE, "exec"), namespace)
+    rows = conformance.check(namespace["mean_on_first_tower"], [f"/cpu:{k}" for k in range(4)])
+    conformance.assert_all_passed(rows)
+    assert {r.towers for r in rows if r.name == "mean"} == {1, 2, 3, 4}
