@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 
 from engine.errors import TowerError, UsageError
 
-__all__ = ["UserCodeError", "calling", "check_signature", "label", "load_function"]
+__all__ = ["UserCodeError", "calling", "check_signature", "label", "load_function",
+           "parameters"]
 
 
 class UserCodeError(UsageError):
@@ -97,11 +98,12 @@ def check_signature(
         signature.bind(*args, **kwargs)
     except TypeError:
         raise UserCodeError(
-            f"<{argument}> {label(function)!r} takes {_parameters(signature)}; {contract}"
+            f"<{argument}> {label(function)!r} takes {parameters(signature)}; {contract}"
         ) from None
 
 
-def _parameters(signature: inspect.Signature) -> str:
+def parameters(signature: inspect.Signature) -> str:
+    """`(a, b, c)`: a signature's parameter names, for messages."""
     names = [str(p).split(":")[0].split("=")[0] for p in signature.parameters.values()]
     return f"({', '.join(names)})" if names else "no arguments"
 

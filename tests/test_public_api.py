@@ -26,7 +26,8 @@ PUBLIC = {
     "engine.placement": ["log", "render", "report"],
     "engine.topology": ["cluster", "devices", "process", "splits"],
     "engine.errors": ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"],
-    "engine.userfn": ["UserCodeError", "calling", "check_signature", "label", "load_function"],
+    "engine.userfn": ["UserCodeError", "calling", "check_signature", "label", "load_function",
+                      "parameters"],
 }
 
 

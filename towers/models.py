@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import UsageError
 from engine.userfn import calling, label, load_function
+from engine.userfn import parameters as describe_parameters
 
 if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
     import keras
@@ -102,18 +103,19 @@ def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
 
 def _check_parameters(function: Callable, name: str) -> None:
     try:
-        parameters = inspect.signature(function).parameters.values()
+        signature = inspect.signature(function)
     except (TypeError, ValueError):
         return
     required = [
-        p.name for p in parameters
+        p.name for p in signature.parameters.values()
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY,
                                                p.KEYWORD_ONLY)
         and p.name not in ("input_shape", "num_classes")
     ]
     if required:
-        takes = ", ".join(str(p).split(":")[0].split("=")[0] for p in parameters)
-        raise ModelError(f"<model> {name!r} takes ({takes}); {MODEL_CONTRACT}")
+        raise ModelError(
+            f"<model> {name!r} takes {describe_parameters(signature)}; {MODEL_CONTRACT}"
+        )
 
 
 def builder(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Model]:

@@ -16,7 +16,9 @@ import tensorflow as tf
 from engine.reducers.base import COMPRESSION, ReducerError
 from engine.reducers.conformance_checks import (
     exact_means,
+    first,
     mean_problem,
+    result_problems,
     run_call,
     structure_problem,
     tolerance,
@@ -53,16 +55,10 @@ def check_on_model(
         symbolic, values, _ = run_call(reducer, arrays, devices, destinations, tf.float32)
     problem = structure_problem(symbolic, destinations, len(shapes))
     if problem is None:
-        values = [[np.asarray(t) for t in per_destination] for per_destination in values]
-        expected = exact_means(arrays, tf.float32)
-        shapes_off = [
-            f"variable {v} for {d} has shape {got.shape}, not {want.shape}"
-            for d, tensors in zip(destinations, values)
-            for v, (got, want) in enumerate(zip(tensors, expected))
-            if got.shape != want.shape
-        ]
-        problem = shapes_off[0] if shapes_off else mean_problem(
-            values, expected, destinations, len(devices),
+        shapes, _, _ = result_problems(symbolic, values, destinations, arrays, tf.float32, {})
+        problem = first(shapes) or mean_problem(
+            [[np.asarray(t) for t in per_destination] for per_destination in values],
+            exact_means(arrays, tf.float32), destinations, len(devices),
             tolerance(tf.float32, COMPRESSION.get(compress)),
         )
     if problem is not None:

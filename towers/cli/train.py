@@ -9,6 +9,7 @@ errors here name the flags (`FLAGS`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -63,10 +64,7 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     elif data_format == "synthetic":
         flags["data"] = sources.synthetic()
     elif path is None:
-        flags["data"] = sources.mnist()
-        if data_format != "auto":
-            flags["data"] = sources.Source("mnist", path=sources.DEFAULT_MNIST,
-                                           format=data_format)
+        flags["data"] = dataclasses.replace(sources.mnist(), format=data_format)
     else:
         flags["data"] = sources.directory(path, data_format)
     return flags, fit
@@ -90,9 +88,9 @@ class CliTrainer(Trainer):
     """A Trainer whose messages go to the terminal as tower-train's, in flags."""
 
     def _say(self, message: str) -> None:
-        if message.startswith("no MNIST"):
-            message = f"tower-train: {message}"
-        click.echo(message)
+        # A line of its own carries the program's name; an indented line
+        # continues the one above it (MNIST's preparation steps).
+        click.echo(message if message.startswith(" ") else f"tower-train: {message}")
 
     def warn(self, message: str) -> None:
         sys.stdout.flush()
