@@ -5,7 +5,8 @@
     history = trainer.fit(epochs=2)
 
 `towers.data` holds the data sources (MNIST, directories, synthetic images,
-your own DALI pipeline), `towers.models` the model zoo. The command-line tools
+your own DALI pipeline), `towers.models` the model zoo, `towers.reducers`
+the reducers with state and what you need to write your own. The command-line tools
 in `towers.cli` are thin layers over this API.
 """
 
@@ -24,4 +25,15 @@ __all__ = [
     "UserCodeError",
     "data",
     "models",
+    "reducers",
 ]
+
+
+def __getattr__(name):
+    # towers.reducers imports TensorFlow, which the CLI configures (its log
+    # level, its devices) before importing it: load it on first use.
+    if name == "reducers":
+        import importlib
+
+        return importlib.import_module("towers.reducers")
+    raise AttributeError(f"module 'towers' has no attribute {name!r}")

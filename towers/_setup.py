@@ -155,6 +155,27 @@ def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> Non
         raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
 
 
+def check_local_sgd(reducer, variables: str, check_replicas: int) -> None:
+    """Local SGD needs replicas, and they agree only right after an averaging
+    step: `check_replicas` must fall on those."""
+    from engine import reducers
+
+    if reducer.builtin != "localsgd":
+        return
+    if variables != "replicated":
+        raise UsageError(
+            f"<reducer={reducer.name}> <variables={variables}>: local SGD steps each "
+            "tower's own replica; add <variables=replicated>"
+        )
+    every = reducer.arguments.get("every", reducers.parameters("localsgd")["every"])
+    if check_replicas % every:
+        raise UsageError(
+            f"<check_replicas={check_replicas}> is not a multiple of "
+            f"<reducer={reducer.name}>'s every={every}; the replicas agree only right "
+            "after an averaging step"
+        )
+
+
 def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_per_epoch,
                   steps_per_loop, eval_steps, metrics, checkpoint_dir, checkpoint_every,
                   keep_checkpoints, resume, placement_log, strict_placement, logdir,
@@ -167,6 +188,7 @@ def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_
     from engine.run.train import PlacementOptions, TrainOptions
 
     check_fit(run.model.variables, check_replicas, profile_steps, logdir)
+    check_local_sgd(run.reducer, run.model.variables, check_replicas)
     batch = run.data.batch_size
     if steps_per_epoch is None:
         steps_per_epoch = 100 if info.train_size is None else info.train_size // (batch * towers)
@@ -195,4 +217,5 @@ def check_reducer(step, placement, compress: str | None) -> None:
     from engine.reducers import preflight
 
     preflight.check_on_model(step.reducer, step.model, placement.devices,
-                             step.variables.destinations, step.reducer_label, compress)
+                             step.variables.destinations, step.reducer_label, compress,
+                             step.reducer_context)

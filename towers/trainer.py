@@ -43,9 +43,13 @@ class Trainer:
       data: a `towers.data` source; default `towers.data.mnist()`.
       batch_size: samples per tower per step.
       reducer: `"central"`, `"ring"`, `"tree"`, `"hierarchical"`,
-        `"collective"`, `"nccl"`, `"package.module:function"`, or a function
-        of (tower_grads, devices, destinations) returning the mean for each
-        destination (README, "Your own reducer").
+        `"collective"`, `"nccl"`; a reducer with state with its parameters,
+        `"topk:ratio=0.01"`, `"powersgd:rank=2,start_after=0"`, `"signsgd"`,
+        `"localsgd:every=8"`; `"package.module:function"` (or `:Class` of a
+        `towers.reducers.StatefulReducer`); a function of (tower_grads,
+        devices, destinations) returning the mean for each destination
+        (README, "Your own reducer"); or a StatefulReducer object (README,
+        "Reducers with state"), whose state is saved in checkpoints.
       variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
       reduce_device: where variables live and gradients meet; default /cpu:0.
       group_size, pack_bytes, compress: the reducer's options (README).

@@ -20,6 +20,7 @@ from engine.core.loss_scale import NoLossScale
 from engine.core.losses import Loss, sparse_cross_entropy
 from engine.core.on_device import OnDevice
 from engine.reducers.base import Reducer, mean
+from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import Placement
 from engine.userfn import calling
 
@@ -91,7 +92,9 @@ class TowerStep:
       placement: the towers and the reduce device (which also keeps the
         epoch's metric sums).
       reducer: turns the towers' gradient lists into the mean gradients on the
-        variable mode's destinations (engine.reducers).
+        variable mode's destinations (engine.reducers); one with state
+        (engine.reducers.stateful) is built here for the model's gradients,
+        and its state is part of `trackables`.
       loss_scale: engine.core.loss_scale.NoLossScale, or DynamicLossScale for
         float16 towers.
       xla: compile each tower's forward and backward with XLA, one cluster
@@ -142,16 +145,38 @@ class TowerStep:
             # skipped because a loss or gradient was not finite.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.reducer_context = self._reducer_context()
+        with calling("reducer", reducer_label, "cannot be built:"):
+            build_state(reducer, self.reducer_context)
         device = placement.reduce_device
         self.train = OnDevice(tf.function(self._train), device)
         self.train_loop = OnDevice(tf.function(self._train_loop), device)
         self.evaluate = OnDevice(tf.function(self._evaluate), device)
 
+    def _reducer_context(self) -> ReducerContext:
+        """What a stateful reducer is built for: this model's gradients (the
+        trainable variables' shapes and dtypes) on this placement."""
+        trainable = self.model.trainable_variables
+        replicas = getattr(self.variables, "replica_variables", list)()
+        return ReducerContext(
+            shapes=tuple(v.shape for v in trainable),
+            dtypes=tuple(v.dtype for v in trainable),
+            devices=tuple(self.placement.devices),
+            destinations=tuple(self.variables.destinations),
+            variables=getattr(self.variables, "name", "replicated"),
+            step=self.global_step,
+            replicas=tuple(tuple(r) for r in replicas),
+        )
+
     def trackables(self) -> dict:
-        """Everything a checkpoint must hold to continue this run exactly."""
+        """Everything a checkpoint must hold to continue this run exactly:
+        the variables, optimizer and loss-scale state, the reducer's state,
+        the step counts and the epoch's sums."""
+        state = stateful_part(self.reducer)
         return {
             **self.variables.trackables(),
             **self.loss_scale.trackables(),
+            **({"reducer": state} if state is not None else {}),
             "global_step": self.global_step,
             "skipped": self.skipped,
             "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
@@ -241,6 +266,11 @@ class TowerStep:
 
         with tf.device(self.placement.reduce_device):
             tf.cond(finite, update, skip)
+        state = stateful_part(self.reducer)
+        if state is not None:  # after the update, skipped or not (local SGD's averaging)
+            # Plain Python that builds ops, like the reducer: not converted.
+            tf.autograph.experimental.do_not_convert(state.after_update)()
+        with tf.device(self.placement.reduce_device):
             self.global_step.assign_add(1)
             return {
                 "loss": step.loss,

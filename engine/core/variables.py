@@ -138,6 +138,22 @@ class ReplicatedVariables:
             "optimizers": self.optimizers,
         }
 
+    def replica_variables(self) -> list[list[tf.Variable]]:
+        """Per tower, the replica's floating-point state, aligned across towers:
+        every model variable (weights, statistics) and the optimizer's slots,
+        not its step count or learning rate. What local SGD averages."""
+
+        def floating(variables):
+            return [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+
+        out = []
+        for model, optimizer in zip(self.models, self.optimizers):
+            slots = [v for v in optimizer.variables
+                     if v is not optimizer.iterations
+                     and v.path.rsplit("/", 1)[-1] != "learning_rate"]
+            out.append(floating(model.variables) + floating(slots))
+        return out
+
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         for device, update, grads in zip(self.devices, self._updates, reduced):
             with tf.device(device), tf.name_scope(scopes.UPDATE):

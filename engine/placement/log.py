@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -114,7 +115,7 @@ def _static_shape(
         return None
     name, _, port = tensor.partition(":")
     try:
-        shape = graph.get_operation_by_name(name).outputs[int(port or 0)].shape
+        shape = _find_op(graph, name).outputs[int(port or 0)].shape
     except (KeyError, ValueError, IndexError):
         node = (optimized or {}).get(name)
         if node is not None and node.op == "Const":  # a constant grappler folded
@@ -136,6 +137,30 @@ def _static_shape(
     if shape.rank is None or None in shape.as_list():
         return None
     return shape.as_list()
+
+
+# Lowering a tf.cond or tf.while_loop inlines its branches and body into the
+# graph as `<op>/then/_<n>/<name in the branch's graph>`.
+_INLINED = re.compile(r"^(.*?)/(then|else|cond|body)/_\d+/(.*)$")
+_BRANCHES = {"then": "then_branch", "else": "else_branch", "cond": "cond", "body": "body"}
+
+
+def _find_op(graph: tf.Graph, name: str) -> tf.Operation:
+    """The op `name` of `graph`, or of the branch or body of a control-flow op
+    in it that lowering inlined; KeyError when there is none."""
+    try:
+        return graph.get_operation_by_name(name)
+    except (KeyError, ValueError):
+        pass
+    match = _INLINED.match(name)
+    if not match:
+        raise KeyError(name)
+    owner, part, inner = match.groups()
+    # The graph's function library; TensorFlow has no public way to read it.
+    function = graph._get_function(_find_op(graph, owner).get_attr(_BRANCHES[part]).name)
+    if function is None:
+        raise KeyError(name)
+    return _find_op(function.graph, inner)
 
 
 def _bytes(dtype: tf.DType, shape: list[int] | None) -> int | None:
@@ -245,6 +270,10 @@ class RunInfo:
     reducer: str = "central"
     variables: str = "reduce-device"
     compress: str | None = None
+    # A stateful reducer's own figure of the bytes a train step sends for it
+    # (engine.reducers.stateful), and when they are sent, if not every step.
+    reduction_bytes: int | None = None
+    reduction_note: str = ""
 
     def record(self) -> dict:
         return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers)}

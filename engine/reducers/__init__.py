@@ -1,36 +1,113 @@
 """Gradient reducers: the built-ins, user functions, packing and compression.
 
-See base.py for the contract. `build(options, placement)` turns the CLI's
-choice into one reducer callable.
+See base.py for the contract, stateful.py for reducers with state, and
+primitives.py for the collectives to write them with. `build(options,
+placement)` turns the CLI's choice into one reducer callable; a stateful one
+is built for its gradients by the step (`build_state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 
-from engine.reducers.base import COMPRESSION, FlatReducer, Link, Reducer, ReducerError
+from engine.reducers.base import COMPRESSION, Link, Reducer, ReducerError
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
 from engine.reducers.collective import Collective
+from engine.reducers.flat import FlatReducer
 from engine.reducers.hierarchical import hierarchical_all_reduce
+from engine.reducers.localsgd import LocalSGD
 from engine.reducers.nccl import Nccl
 from engine.reducers.packing import Packed
+from engine.reducers.powersgd import PowerSGD
 from engine.reducers.ring import ring_all_reduce, ring_traffic
+from engine.reducers.signsgd import SignSGD
+from engine.reducers.stateful import (
+    ReducerContext,
+    StatefulReducer,
+    build_state,
+    stateful_part,
+)
+from engine.reducers.topk import TopK
 from engine.reducers.tree import halving_doubling, halving_doubling_traffic
 from engine.topology.devices import Placement
 from engine.userfn import check_signature, label, load_function
 
-BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
+# The research baselines with state, by name; their parameters are their
+# constructors' keyword arguments, given as `name:key=value,...`.
+STATEFUL = {"topk": TopK, "powersgd": PowerSGD, "signsgd": SignSGD, "localsgd": LocalSGD}
+BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl", *STATEFUL)
 REDUCER_CONTRACT = (
     "a reducer takes (tower_grads, devices, destinations) and returns the mean for "
     "each destination"
 )
 # Built-ins that move tensors themselves, hop by hop, through a Link.
 _HOP_BY_HOP = ("central", "ring", "tree", "hierarchical")
+# Built-ins that cannot work on packed buffers, and why.
+_NOT_PACKED = {
+    "powersgd": "PowerSGD factors each gradient's own matrix, which packing flattens",
+    "localsgd": "local SGD sends no gradients to pack",
+}
 
-__all__ = ["BUILT_INS", "Reducer", "ReducerError", "ReducerOptions", "build"]
+__all__ = [
+    "BUILT_INS",
+    "STATEFUL",
+    "Reducer",
+    "ReducerContext",
+    "ReducerError",
+    "ReducerOptions",
+    "StatefulReducer",
+    "build",
+    "build_state",
+    "parameters",
+    "stateful_part",
+]
+
+
+def parameters(name: str) -> dict[str, object]:
+    """The parameters a built-in takes in its spec (`topk:ratio=0.05`).
+
+    Args:
+      name: a built-in's name, one of BUILT_INS.
+
+    Returns:
+      Each parameter's name and default, in order: {"ratio": 0.01} for
+      `topk`; {} for a built-in without parameters.
+    """
+    cls = STATEFUL.get(name)
+    if cls is None:
+        return {}
+    return {p.name: p.default for p in inspect.signature(cls).parameters.values()}
+
+
+def _parse(spec: str) -> tuple[str, dict]:
+    """(`topk`, {"ratio": 0.05}) of `topk:ratio=0.05`, checked against the
+    built-in's parameters; ReducerError naming a bad key or value."""
+    name, _, given = spec.partition(":")
+    valid = parameters(name)
+    listed = ", ".join(f"{k} (default {v})" for k, v in valid.items()) or "none"
+    values = {}
+    for item in filter(None, given.split(",")):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if key not in valid:
+            raise ReducerError(
+                f"<reducer> {spec!r}: {name} has no parameter {key!r}; its parameters: {listed}"
+            )
+        kind = type(valid[key])
+        try:
+            if not eq:
+                raise ValueError
+            values[key] = kind(text.strip())
+        except ValueError:
+            raise ReducerError(
+                f"<reducer> {spec!r}: {key}={text.strip()!r} is not "
+                f"{'an integer' if kind is int else 'a number'}; e.g. {name}:{key}={valid[key]}"
+            ) from None
+    return name, values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,14 +130,26 @@ class ReducerOptions:
     # The user's function, loaded from `name`; None for a built-in.
     function: Callable | None = dataclasses.field(default=None, init=False, repr=False,
                                                   compare=False)
+    # The built-in `name` names (its part before `:`), and its parameters.
+    builtin: str | None = dataclasses.field(default=None, init=False, compare=False)
+    arguments: dict = dataclasses.field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self):
-        if isinstance(self.name, str) and ":" in self.name:
+        base = self.name.partition(":")[0] if isinstance(self.name, str) else None
+        if base in BUILT_INS:
+            builtin, arguments = _parse(self.name)
+            object.__setattr__(self, "builtin", builtin)
+            object.__setattr__(self, "arguments", arguments)
+            if builtin in STATEFUL:  # checks the values: ranges are the class's
+                STATEFUL[builtin](**arguments)
+        elif isinstance(self.name, str) and ":" in self.name:
             object.__setattr__(self, "function", load_function(self.name, "reducer",
                                                                ReducerError))
         elif callable(self.name):
             object.__setattr__(self, "function", self.name)
-        elif self.name not in BUILT_INS:
+        if inspect.isclass(self.function) and issubclass(self.function, StatefulReducer):
+            object.__setattr__(self, "function", self.function())
+        if self.function is None and self.builtin is None:
             raise ReducerError(
                 f"<reducer> {self.name!r} is not one of {', '.join(BUILT_INS)} "
                 "and not package.module:function"
@@ -75,7 +164,17 @@ class ReducerOptions:
             raise ReducerError(
                 f"<compress> {self.compress!r} is not one of {', '.join(COMPRESSION)}"
             )
-        if self.name == "nccl" and self.compress == "bf16":
+        if self.builtin in STATEFUL and self.compress:
+            raise ReducerError(
+                f"<reducer={self.name}> <compress={self.compress}>: {self.builtin} "
+                "compresses the gradients itself; leave out <compress>"
+            )
+        if self.builtin in _NOT_PACKED and self.pack_bytes:
+            raise ReducerError(
+                f"<reducer={self.name}> <pack_bytes={self.pack_bytes}>: "
+                f"{_NOT_PACKED[self.builtin]}; leave out <pack_bytes>"
+            )
+        if self.builtin == "nccl" and self.compress == "bf16":
             raise ReducerError(
                 "<reducer=nccl> <compress=bf16>: NCCL's all-reduce in TensorFlow "
                 "takes half, float, double, int32 or int64; use <compress=fp16>"
@@ -93,28 +192,31 @@ def build(options: ReducerOptions, placement: Placement) -> Reducer:
     central, ring and tree declare the bytes they move (a `traffic` method,
     engine/reducers/conformance.py); the others have no figure.
     """
-    link = Link(options.compress if options.name in _HOP_BY_HOP else None)
+    name = options.builtin
+    link = Link(options.compress if name in _HOP_BY_HOP else None)
     devices = placement.devices
-    if options.name == "central":
+    if name == "central":
         reducer = Central(placement.reduce_device, link)
-    elif options.name == "ring":
+    elif name in STATEFUL:
+        reducer = STATEFUL[name](**options.arguments)
+    elif name == "ring":
         reducer = FlatReducer(functools.partial(ring_all_reduce, link=link), link, ring_traffic)
-    elif options.name == "tree":
+    elif name == "tree":
         reducer = FlatReducer(
             functools.partial(halving_doubling, link=link), link, halving_doubling_traffic
         )
-    elif options.name == "hierarchical":
+    elif name == "hierarchical":
         all_reduce = functools.partial(
             hierarchical_all_reduce, link=link, group_size=options.group_size
         )
         reducer = FlatReducer(all_reduce, link)
-    elif options.name == "collective":
+    elif name == "collective":
         reducer = Collective(devices)
-    elif options.name == "nccl":
+    elif name == "nccl":
         reducer = Nccl(placement)
     else:
         reducer = options.function
-    if options.compress and options.name not in _HOP_BY_HOP:
+    if options.compress and name not in _HOP_BY_HOP:
         reducer = Cast(reducer, options.compress)
     if options.pack_bytes:
         reducer = Packed(reducer, options.pack_bytes)

@@ -14,12 +14,19 @@ import dataclasses
 import tensorflow as tf
 
 from engine.reducers.base import COMPRESSION, Reducer
+from engine.reducers.stateful import ReducerContext, build_state
 
 
 @dataclasses.dataclass(frozen=True)
 class Cast:
     inner: Reducer
     compress: str
+
+    def build(self, context: ReducerContext) -> None:
+        """Builds the inner reducer for the narrow gradients it will be given."""
+        narrow = COMPRESSION[self.compress]
+        build_state(self.inner, context.replace(
+            dtypes=tuple(narrow if d.is_floating else d for d in context.dtypes)))
 
     def __call__(self, tower_grads, devices, destinations):
         narrow = COMPRESSION[self.compress]

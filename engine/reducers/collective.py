@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from engine.reducers.base import FlatReducer, ReducerError
+from engine.reducers.base import ReducerError
+from engine.reducers.flat import FlatReducer
 
 _group_keys = itertools.count(1)
 

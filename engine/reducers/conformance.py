@@ -13,7 +13,14 @@ variables; the reduce device alone) and each dtype, and returns one
 * shape, dtype: the gradients' own;
 * placement: each result made on its destination;
 * mean: the mean, not the sum; a wrong result names the factor it is off by;
-* traffic: the bytes each device sends, where the reducer declares them.
+* traffic: the bytes each device sends, where the reducer declares them;
+* feedback: for a stateful reducer that compresses (`lossy`) and keeps
+  `residuals`, over several calls what it sent plus what it holds back is
+  what it was given (the error-feedback invariant). A lossy reducer's single
+  call is not the mean, so it gets this check instead of `mean`.
+
+A stateful reducer (engine.reducers.stateful) is built afresh for every
+call the checks make, for the call's gradients, devices and destinations.
 
 A reducer declares its traffic with one optional method:
 
@@ -51,6 +58,7 @@ import tensorflow as tf
 from engine.reducers import conformance_checks as checks
 from engine.reducers.base import Reducer
 from engine.reducers.conformance_checks import exact_mean_factor
+from engine.reducers.stateful import stateful_part
 from engine.topology.devices import Placement, Tower, canonical
 
 __all__ = [
@@ -58,7 +66,7 @@ __all__ = [
     "check", "check_call", "exact_mean_factor",
 ]
 
-CHECKS = ("runs", "structure", "shape", "dtype", "placement", "mean", "traffic")
+CHECKS = ("runs", "structure", "shape", "dtype", "placement", "mean", "traffic", "feedback")
 DTYPES = (tf.float32, tf.float16, tf.float64)
 SHAPES = ((5, 3), (7,), ())
 REPLICATED, REDUCE_DEVICE = "replicated", "reduce-device"
@@ -130,7 +138,7 @@ def check_call(reducer: Reducer, arrays, devices: Sequence[str],
 
     try:
         symbolic, values, on_device = checks.run_call(reducer, arrays, devices, destinations, dtype)
-    except Exception as err:  # noqa: BLE001 - the reducer under test may raise anything
+    except Exception as err:
         return [row("runs", f"raised {checks.one_line(err)}")]
     rows = [row("runs", None), row("structure", checks.structure_problem(
         symbolic, destinations, len(arrays[0])))]
@@ -142,21 +150,37 @@ def check_call(reducer: Reducer, arrays, devices: Sequence[str],
              row("placement", checks.first(placement))]
     if shapes:
         return rows
+    tolerance = checks.tolerance(dtype, compressed_to)
+    state = stateful_part(reducer)
+    if state is not None and state.lossy:
+        if not hasattr(state, "residuals"):
+            return rows  # no residuals: nothing to hold the result to
+        rng = np.random.default_rng(len(devices))
+        steps = [arrays] + [[[rng.normal(size=np.shape(a)) for a in tower] for tower in arrays]
+                            for _ in range(checks.FEEDBACK_STEPS - 1)]
+        try:
+            problem = checks.feedback_problem(reducer, steps, devices, destinations, dtype,
+                                              tolerance)
+        except Exception as err:
+            problem = f"raised {checks.one_line(err)}"
+        return rows + [row("feedback", problem)]
     problem = checks.mean_problem(values, checks.exact_means(arrays, dtype), destinations,
-                                  len(devices), checks.tolerance(dtype, compressed_to))
+                                  len(devices), tolerance)
     return rows + [row("mean", problem)]
 
 
 def _traffic_rows(reducer, devices, destinations, kind) -> list[CheckResult]:
     elements = checks.even_elements(len(devices))
     try:
+        checks.build_for(reducer, [[np.zeros(elements)] for _ in devices], devices,
+                         destinations, tf.float32)
         figure = checks.declared_traffic(reducer, devices, destinations, 4 * elements)
         if figure is None:
             return []
         problem = checks.traffic_problem(
             figure, checks.sent_per_device(reducer, devices, destinations, elements)
         )
-    except Exception as err:  # noqa: BLE001 - the reducer under test may raise anything
+    except Exception as err:
         problem = f"raised {checks.one_line(err)}"
     return [CheckResult("traffic", len(devices), kind, "float32", problem is None,
                         problem or "")]
@@ -172,6 +196,7 @@ def check(reducer: Reducer | PerPlacement, devices: Sequence[str], *,
           dtypes: Sequence[tf.DType] = DTYPES, shapes: Sequence[tuple] = SHAPES,
           compressed_to: tf.DType | None = None, seed: int = 0,
           progress: Callable[[int, list[CheckResult]], None] | None = None,
+          kinds: Sequence[str] = (REPLICATED, REDUCE_DEVICE),
           ) -> list[CheckResult]:
     """Runs the conformance checks (module docstring) on `reducer`.
 
@@ -187,6 +212,8 @@ def check(reducer: Reducer | PerPlacement, devices: Sequence[str], *,
         (`--compress`): the mean is then checked to that dtype's precision.
       seed: seeds the generated gradients.
       progress: called after each tower count with it and its rows.
+      kinds: the kinds of destinations to try: `replicated` (every tower's
+        device) and `reduce-device`; local SGD serves replicated alone.
 
     Returns:
       One row per check, tower count, kind of destinations and dtype (the
@@ -215,13 +242,15 @@ def check(reducer: Reducer | PerPlacement, devices: Sequence[str], *,
         placement = _placement(towers, reduce_device)
         rng = np.random.default_rng(seed + n)
         arrays = [[rng.normal(size=s) for s in shapes] for _ in towers]
-        kinds = {REPLICATED: list(towers), REDUCE_DEVICE: [reduce_device]}
-        if kinds[REDUCE_DEVICE] == kinds[REPLICATED]:
-            del kinds[REDUCE_DEVICE]  # one tower on the reduce device: one case
-        for kind, destinations in kinds.items():
+        cases = {REPLICATED: list(towers), REDUCE_DEVICE: [reduce_device]}
+        if cases[REDUCE_DEVICE] == cases[REPLICATED] and REPLICATED in kinds:
+            del cases[REDUCE_DEVICE]  # one tower on the reduce device: one case
+        for kind, destinations in cases.items():
+            if kind not in kinds:
+                continue
             try:
                 built = reducer.make(placement) if isinstance(reducer, PerPlacement) else reducer
-            except Exception as err:  # noqa: BLE001 - building it may raise anything
+            except Exception as err:
                 rows += [CheckResult("runs", n, kind, tf.as_dtype(d).name, False,
                                      f"building it raised {checks.one_line(err)}") for d in dtypes]
                 continue

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.reducers import measure
+from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import canonical
 
 # Absolute tolerance per dtype, scaled by the largest mean when it is above 1.
@@ -35,6 +36,24 @@ def device_names(names: Sequence[str], argument: str) -> list[str]:
     return out
 
 
+def build_for(reducer, arrays, devices: Sequence[str], destinations: Sequence[str],
+              dtype: tf.DType) -> tf.Variable | None:
+    """Builds a stateful `reducer` afresh for gradients shaped as arrays[0], in
+    `dtype`; returns the step variable it reads, None for a stateless one."""
+    if stateful_part(reducer) is None:
+        return None
+    with tf.device(devices[0]):
+        step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    build_state(reducer, ReducerContext(
+        shapes=tuple(np.shape(a) for a in arrays[0]),
+        dtypes=tuple(dtype for _ in arrays[0]),
+        devices=tuple(devices), destinations=tuple(destinations),
+        variables="replicated" if list(destinations) == list(devices) else "reduce-device",
+        step=step,
+    ))
+    return step
+
+
 def run_call(reducer, arrays, devices: Sequence[str], destinations: Sequence[str],
              dtype: tf.DType):
     """Calls `reducer` in a tf.function on arrays[k][v] placed on devices[k].
@@ -43,10 +62,8 @@ def run_call(reducer, arrays, devices: Sequence[str], destinations: Sequence[str
       (the traced outputs, the eager outputs, {argument op: its device}) for
       structure_problem, result_problems and mean_problem.
     """
-    inputs = []
-    for tower, device in zip(arrays, devices):
-        with tf.device(device):
-            inputs.append([tf.constant(a, dtype=dtype) for a in tower])
+    build_for(reducer, arrays, devices, destinations, dtype)
+    inputs = _placed(arrays, devices, dtype)
     # Without autograph a reducer's own exception keeps its own message; a
     # reducer builds its ops in plain Python, so it needs no conversion.
     function = tf.function(
@@ -56,6 +73,58 @@ def run_call(reducer, arrays, devices: Sequence[str], destinations: Sequence[str
     argument_devices = [device for device, tower in zip(devices, arrays) for _ in tower]
     on_device = {t.op.name: d for t, d in zip(graph.inputs, argument_devices)}
     return graph.structured_outputs, function(inputs), on_device
+
+
+def _placed(arrays, devices: Sequence[str], dtype: tf.DType) -> list[list[tf.Tensor]]:
+    inputs = []
+    for tower, device in zip(arrays, devices):
+        with tf.device(device):
+            inputs.append([tf.constant(a, dtype=dtype) for a in tower])
+    return inputs
+
+
+# Calls the feedback check makes: enough for a residual to be fed back and
+# changed again.
+FEEDBACK_STEPS = 4
+
+
+def feedback_problem(reducer, steps_arrays, devices: Sequence[str],
+                     destinations: Sequence[str], dtype: tf.DType,
+                     tolerance_: float) -> str | None:
+    """What an error-feedback reducer sent plus what it holds back is not what
+    it was given? Over the calls on steps_arrays[s][k][v], on every destination,
+
+        sum_s result_s[v] + mean_k residuals[k][v] = sum_s mean_k arrays[s][k][v]
+
+    (each tower's part of the mean was sent, or is still in its residual).
+    Builds the reducer afresh; its `residuals[k][v]` must have the gradients'
+    shapes.
+    """
+    step = build_for(reducer, steps_arrays[0], devices, destinations, dtype)
+    state = stateful_part(reducer)
+    function = tf.function(
+        lambda grads: reducer(grads, list(devices), list(destinations)), autograph=False
+    )
+    totals = None
+    for arrays in steps_arrays:
+        values = function(_placed(arrays, devices, dtype))
+        got = [[np.asarray(t, np.float64) for t in per_d] for per_d in values]
+        totals = got if totals is None else [
+            [a + b for a, b in zip(x, y)] for x, y in zip(totals, got)]
+        step.assign_add(1)
+    pending = [np.mean([np.asarray(r[v], np.float64) for r in state.residuals], axis=0)
+               for v in range(len(steps_arrays[0][0]))]
+    given = [sum(m) for m in zip(*(exact_means(a, dtype) for a in steps_arrays))]
+    for destination, per_d in zip(destinations, totals):
+        for v, (sent, held, want) in enumerate(zip(per_d, pending, given)):
+            tol = tolerance_ * len(steps_arrays) * max(1.0, float(np.abs(want).max(initial=0)))
+            error = float(np.abs(sent + held - want).max(initial=0))
+            if not error <= tol:
+                return (f"variable {v} for {destination}: what was sent over "
+                        f"{len(steps_arrays)} calls plus the residuals is off the sum of "
+                        f"the means by {error:.3g} (tolerance {tol:.3g}); keep in "
+                        "residuals[k][v] exactly what tower k did not send")
+    return None
 
 
 def exact_mean_factor(results: Sequence, means: Sequence) -> float:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.reducers.base import FlatReducer, ReducerError
+from engine.reducers.base import ReducerError
+from engine.reducers.flat import FlatReducer
 from engine.topology.devices import Placement, split_name
 
 

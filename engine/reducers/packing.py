@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine.reducers.base import Reducer, check_towers
+from engine.reducers.stateful import ReducerContext, build_state
 
 
 def plan(grads: Sequence[tf.Tensor], pack_bytes: int) -> list[list[int]]:
@@ -39,6 +40,16 @@ def plan(grads: Sequence[tf.Tensor], pack_bytes: int) -> list[list[int]]:
 class Packed:
     inner: Reducer
     pack_bytes: int
+
+    def build(self, context: ReducerContext) -> None:
+        """Builds the inner reducer for the buffers it will be given."""
+        specs = [tf.TensorSpec(s, d) for s, d in zip(context.shapes, context.dtypes)]
+        buckets = plan(specs, self.pack_bytes)
+        build_state(self.inner, context.replace(
+            shapes=tuple(tf.TensorShape([sum(specs[i].shape.num_elements() for i in b)])
+                         for b in buckets),
+            dtypes=tuple(specs[b[0]].dtype for b in buckets),
+        ))
 
     def __call__(self, tower_grads, devices, destinations):
         check_towers(tower_grads, devices)

@@ -3,7 +3,10 @@ model's own shapes and the run's own devices, before the first step.
 
 A reducer that returns the sum trains, only with a learning rate N times too
 large; this check stops such a run before any update, and says by how much the
-result is off (the conformance kit's `mean_problem`).
+result is off (the conformance kit's `mean_problem`). A stateful reducer that
+compresses (`lossy`) is held to the error-feedback invariant over a few calls
+instead (`feedback_problem`), if it keeps `residuals`; either way it is built
+again afterwards, so the run starts from fresh state.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import tensorflow as tf
 
 from engine.reducers.base import COMPRESSION, ReducerError
 from engine.reducers.conformance_checks import (
+    FEEDBACK_STEPS,
     exact_means,
+    feedback_problem,
     first,
     mean_problem,
     result_problems,
@@ -23,6 +28,7 @@ from engine.reducers.conformance_checks import (
     structure_problem,
     tolerance,
 )
+from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.userfn import calling
 
 __all__ = ["check_on_model"]
@@ -30,7 +36,7 @@ __all__ = ["check_on_model"]
 
 def check_on_model(
     reducer, model, devices: Sequence[str], destinations: Sequence[str], name: str,
-    compress: str | None = None,
+    compress: str | None = None, context: ReducerContext | None = None,
 ) -> None:
     """Reduces random gradients shaped as `model`'s trainable variables,
     one set per tower, and compares the result with their exact mean.
@@ -43,6 +49,8 @@ def check_on_model(
       name: how messages name the reducer.
       compress: the reducer's transfer dtype (`fp16`, `bf16`) or None, which
         loosens the tolerance to that dtype's.
+      context: what a stateful reducer was built for; it is built for it
+        again after the check.
 
     Raises:
       ReducerError: the result is not the mean; the message gives the factor.
@@ -50,16 +58,33 @@ def check_on_model(
     """
     rng = np.random.default_rng(0)
     shapes = [tuple(v.shape) for v in model.trainable_variables]
-    arrays = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in devices]
-    with calling("reducer", name):
-        symbolic, values, _ = run_call(reducer, arrays, devices, destinations, tf.float32)
-    problem = structure_problem(symbolic, destinations, len(shapes))
-    if problem is None:
-        shapes, _, _ = result_problems(symbolic, values, destinations, arrays, tf.float32, {})
-        problem = first(shapes) or mean_problem(
-            [[np.asarray(t) for t in per_destination] for per_destination in values],
-            exact_means(arrays, tf.float32), destinations, len(devices),
-            tolerance(tf.float32, COMPRESSION.get(compress)),
-        )
+
+    def gradients():
+        return [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in devices]
+
+    arrays = gradients()
+    state = stateful_part(reducer)
+    allowed = tolerance(tf.float32, COMPRESSION.get(compress))
+    try:
+        with calling("reducer", name):
+            symbolic, values, _ = run_call(reducer, arrays, devices, destinations, tf.float32)
+            problem = structure_problem(symbolic, destinations, len(shapes))
+            if problem is None:
+                shapes, _, _ = result_problems(symbolic, values, destinations, arrays,
+                                               tf.float32, {})
+                problem = first(shapes)
+            if problem is None and state is not None and state.lossy:
+                if hasattr(state, "residuals"):
+                    steps = [arrays] + [gradients() for _ in range(FEEDBACK_STEPS - 1)]
+                    problem = feedback_problem(reducer, steps, devices, destinations,
+                                               tf.float32, allowed)
+            elif problem is None:
+                problem = mean_problem(
+                    [[np.asarray(t) for t in per_destination] for per_destination in values],
+                    exact_means(arrays, tf.float32), destinations, len(devices), allowed,
+                )
+    finally:
+        if state is not None and context is not None:
+            build_state(reducer, context)  # the run starts from fresh state
     if problem is not None:
         raise ReducerError(f"<check_reducer>: <reducer> {name!r} {problem}")

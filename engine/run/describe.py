@@ -10,6 +10,7 @@ import keras
 from engine import data
 from engine.core import loss_scale, precision
 from engine.placement.log import RunInfo
+from engine.reducers.stateful import stateful_part
 from engine.run.build import ModelOptions
 from engine.topology.devices import Placement
 from engine.userfn import label
@@ -102,9 +103,15 @@ def count_parameters(model: keras.Model) -> tuple[int, int]:
     return sum(int(v.size) for v in values), sum(int(v.nbytes) for v in values)
 
 
-def run_info(placement: Placement, options: TrainOptions, model: keras.Model) -> RunInfo:
+def run_info(placement: Placement, options: TrainOptions, model: keras.Model,
+             reducer=None) -> RunInfo:
+    """What the placement log records about the run; `reducer`, the built one,
+    gives a stateful reducer's own figure of its bytes."""
     parameters, parameter_bytes = count_parameters(model)
+    state = stateful_part(reducer)
     return RunInfo(
+        reduction_bytes=None if state is None else state.step_bytes(),
+        reduction_note=getattr(state, "step_note", ""),
         towers=placement.devices,
         reduce_device=placement.reduce_device,
         parameters=parameters,

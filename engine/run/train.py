@@ -169,7 +169,7 @@ def train(
     if options.placement.capture:
         log = PlacementLog(
             options.placement.log_path,
-            run_info(placement, options, model),
+            run_info(placement, options, model, towers.step.reducer),
             strict=options.placement.strict,
         )
         call = log.call

@@ -47,6 +47,15 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
     reducer = reducers.build(options, placement)
     devices = placement.devices
     destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
+    state = reducers.stateful_part(reducer)
+    if state is not None:  # topk, signsgd, powersgd: built for this one tensor
+        import tensorflow as tf
+
+        with tf.device(devices[0]):
+            step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        reducers.build_state(reducer, reducers.ReducerContext(
+            shapes=[(size,)], dtypes=[tf.float32], devices=tuple(devices),
+            destinations=tuple(destinations), variables=variables, step=step))
     function, sent = reduction_transfers(reducer, devices, destinations, [size])
     for _ in range(warmup):
         function()
@@ -65,6 +74,7 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
         "variables": variables,
         "reducer": reducer_name,
         "compress": options.compress,
+        "reduction_bytes": None if state is None else state.step_bytes(),
     }
     return {
         "reducer": reducer_name,
@@ -205,7 +215,10 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
 @click.option("--sizes", default="256K,1M,4M", show_default=True,
               help="float32 elements per tensor, comma-separated (K = 1024, M = 1024^2).")
 @click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
-              show_default=True)
+              show_default=True,
+              help="Built-ins to time, by comma; with one parameter each where they "
+              "take them (topk:ratio=0.05). powersgd sends a vector whole, as in "
+              "training: time it in a run.")
 @click.option("--variables", default="replicated", show_default=True,
               type=click.Choice(["replicated", "reduce-device"]),
               help="replicated: every tower needs the mean (an all-reduce); "
@@ -238,7 +251,7 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
     from engine import reducers
 
     chosen = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in chosen if n not in reducers.BUILT_INS]
+    unknown = [n for n in chosen if n.partition(":")[0] not in reducers.BUILT_INS]
     if unknown:
         raise UsageFailure(
             f"--reducers: {', '.join(unknown)} not built in; choose from "

@@ -124,8 +124,10 @@ _OPTIONS = [
         default="central",
         show_default=True,
         help="How gradients are averaged: central (on --reduce-device), ring, "
-        "tree, hierarchical, collective, nccl (GPU only), or "
-        "package.module:function (see the README for the contract).",
+        "tree, hierarchical, collective, nccl (GPU only); with state: "
+        "topk[:ratio=0.01], powersgd[:rank=2,start_after=0], signsgd, "
+        "localsgd[:every=8] (with --variables replicated); or "
+        "package.module:function or :Class (see the README for the contract).",
     ),
     click.option(
         "--variables",

@@ -1,0 +1,64 @@
+"""topk: top-k sparsification with error feedback (Stich et al., NeurIPS 2018;
+Lin et al., "Deep Gradient Compression", ICLR 2018).
+
+Each tower adds its residual to its gradient, keeps the k = ceil(ratio x
+size) entries of largest magnitude (at least one) and puts the rest back into
+its residual (engine.reducers.feedback). The values and their int32 indices
+are all-gathered; every destination scatters the N towers' entries into a
+dense tensor (entries at the same index add up) and divides by N.
+
+Bytes per step, N towers that are all destinations (replicated variables),
+float32 gradients of sizes s_v, k_v = max(1, ceil(ratio s_v)):
+
+    each tower sends (4 + 4) k_v bytes to each of the N - 1 others:
+    total = N (N - 1) 8 sum_v k_v
+
+A dense ring sends 2 (N - 1) 4 sum_v s_v, so top-k moves about
+N ratio of it: 4% for ratio 0.01 on 4 towers (mlp: 97,920 bytes against
+2,442,480).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from engine.reducers.base import ReducerError
+from engine.reducers.feedback import ErrorFeedback
+
+
+class TopK(ErrorFeedback):
+    """Keeps the largest `ratio` of each gradient's entries, with error feedback.
+
+    Args:
+      ratio: the fraction of entries each tower sends, in (0, 1].
+
+    Raises:
+      ReducerError: `ratio` out of range.
+    """
+
+    def __init__(self, ratio: float = 0.01):
+        super().__init__(name="topk")
+        if not 0 < ratio <= 1:
+            raise ReducerError(f"<reducer> topk: ratio ({ratio}) must be in (0, 1]")
+        self.ratio = ratio
+
+    def kept(self, size: int) -> int:
+        """How many entries of a gradient of `size` entries a tower sends."""
+        return max(1, min(size, math.ceil(self.ratio * size)))
+
+    def compress(self, corrected):
+        size = corrected.shape.num_elements()
+        _, indices = tf.math.top_k(tf.abs(corrected), k=self.kept(size), sorted=False)
+        values = tf.gather(corrected, indices)
+        sent = tf.scatter_nd(indices[:, None], values, [size])
+        return (values, indices), sent
+
+    def decompress(self, payloads, size):
+        values = tf.concat([p[0] for p in payloads], 0)
+        indices = tf.concat([p[1] for p in payloads], 0)
+        return tf.scatter_nd(indices[:, None], values, [size])
+
+    def payload_bytes(self, shape, dtype):
+        return self.kept(shape.num_elements()) * (dtype.size + 4)
