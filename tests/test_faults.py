@@ -48,21 +48,29 @@ def wait_for_checkpoint(directory, name, process, timeout=120):
     raise AssertionError(f"no {name} in {directory} after {timeout} s")
 
 
-@pytest.mark.parametrize("devices", TOWERS)
+# Stateful reducers: their residuals and PowerSGD's factors must resume too.
+STATEFUL = ["--variables", "replicated", "--reducer"]
+
+
+@pytest.mark.parametrize("devices, reducer", [
+    ("cpu:2", []), pytest.param("gpu:2", [], marks=needs_gpu),
+    ("cpu:2", [*STATEFUL, "powersgd"]),
+    ("cpu:2", [*STATEFUL, "topk"]),
+])
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(
-    mnist_dir, tmp_path, devices
+    mnist_dir, tmp_path, devices, reducer
 ):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    result = run_cli("tower-train", *train_args(mnist_dir, whole, devices=devices))
+    result = run_cli("tower-train", *train_args(mnist_dir, whole, *reducer, devices=devices))
     assert result.returncode == 0, result.stderr
 
-    process = start(*train_args(mnist_dir, killed, devices=devices))
+    process = start(*train_args(mnist_dir, killed, *reducer, devices=devices))
     wait_for_checkpoint(killed, "ckpt-50", process)  # step 50 of 80: mid epoch 2
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL
 
-    resumed = run_cli("tower-train", *train_args(mnist_dir, killed, devices=devices),
+    resumed = run_cli("tower-train", *train_args(mnist_dir, killed, *reducer, devices=devices),
                       "--resume")
     assert resumed.returncode == 0, resumed.stderr
     line = next(l for l in resumed.stdout.splitlines() if l.startswith("resumed from"))
@@ -75,6 +83,12 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(
                              "position (DALI cannot save a GPU pipeline's position)")
     expected, got = state(whole / "ckpt-80"), state(killed / "ckpt-80")
     assert expected.keys() == got.keys() and len(expected) > 10
+    if reducer:  # a residual per tower and gradient; PowerSGD's Q per tower and kernel
+        held = [k for k in expected if k.startswith("reducer/")]
+        assert len(held) == (2 * 4 + 2 * 2 if reducer[-1] == "powersgd" else 2 * 4), held
+        # At least the kernels' residuals hold something (PowerSGD sends the
+        # biases whole: theirs stay zero).
+        assert sum(np.abs(expected[k]).max() > 0 for k in held) >= 2 * 2
     for key in expected:  # bit for bit: variables, Adam slots, dropout seeds, counters
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
 

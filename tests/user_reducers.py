@@ -6,6 +6,8 @@ devices, return the mean for each destination device, placed there.
 
 import tensorflow as tf
 
+from towers.reducers import StatefulReducer, all_gather
+
 
 def gather_on_first(tower_grads, devices, destinations):
     """Average on the first tower's device, then copy to each destination."""
@@ -37,3 +39,39 @@ def two_arguments(tower_grads, devices):
 def raises(tower_grads, devices, destinations):
     """Wrong on purpose: fails while the step is traced."""
     raise ValueError("no reduction for you")
+
+
+class Int8Feedback(StatefulReducer):
+    """A user's stateful reducer (README, "Reducers with state"): each tower
+    sends its gradient plus its residual rounded to int8 with one float scale
+    per tensor, keeps what the rounding lost, and every destination averages
+    the towers' dequantised tensors."""
+
+    lossy = True
+
+    def build(self, context):
+        self.context = context
+        self.residuals = []
+        for device in context.devices:
+            with tf.device(device):
+                self.residuals.append([tf.Variable(tf.zeros(shape, dtype), trainable=False)
+                                       for shape, dtype in zip(context.shapes, context.dtypes)])
+
+    def __call__(self, tower_grads, devices, destinations):
+        out = [[] for _ in destinations]
+        for v, grads in enumerate(zip(*tower_grads)):
+            codes, scales = [], []
+            for k, (grad, device) in enumerate(zip(grads, devices)):
+                with tf.device(device):
+                    corrected = grad + self.residuals[k][v]
+                    scale = tf.reduce_max(tf.abs(corrected)) / 127
+                    code = tf.cast(tf.round(tf.math.divide_no_nan(corrected, scale)), tf.int8)
+                    self.residuals[k][v].assign(corrected - tf.cast(code, grad.dtype) * scale)
+                codes.append(code)
+                scales.append(scale)
+            for d, (code_d, scale_d) in enumerate(zip(all_gather(codes, devices, destinations),
+                                                      all_gather(scales, devices, destinations))):
+                with tf.device(destinations[d]):
+                    dequantised = [tf.cast(c, grads[0].dtype) * s for c, s in zip(code_d, scale_d)]
+                    out[d].append(tf.add_n(dequantised) / len(devices))
+        return out

@@ -1,0 +1,290 @@
+"""Reducers with state: error feedback, PowerSGD, sign-SGD, local SGD and a
+user's own; their bytes, their accuracy on real MNIST, their invariants, the
+conformance kit on them, their parameters, and an exact resume."""
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import REPO, flag_message
+
+import towers
+from engine.core.variables import ReplicaDriftError
+from engine.placement import report
+from engine.reducers import ReducerError, ReducerOptions, build
+from engine.reducers import conformance as kit
+from engine.reducers.conformance_checks import feedback_problem
+from engine.reducers.stateful import ReducerContext
+from engine.topology.devices import Placement, Tower
+from tests.user_reducers import Int8Feedback
+from towers.reducers import PowerSGD, ReducerTestBase, SignSGD, TopK
+
+FOUR = ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]
+
+
+def quiet(trainer):
+    trainer.stream = open(os.devnull, "w")  # noqa: SIM115 - closed with the process
+    return trainer
+
+
+def train_step_bytes(mnist_dir, tmp_path, reducer):
+    """(bytes the placement log counts per train step, the run's info) of the
+    mlp on four towers with replicated variables."""
+    log = tmp_path / f"{reducer.split(':')[0]}.jsonl"
+    trainer = quiet(towers.Trainer(FOUR, model="mlp", reducer=reducer, variables="replicated",
+                                   data=towers.data.directory(mnist_dir)))
+    trainer.fit(epochs=1, steps_per_epoch=2, eval_steps=1, placement_log=str(log))
+    entries = report.load(str(log))
+    return sum(report.matrix(entries, "train").values()), report.run_info(entries), entries
+
+
+def test_compressed_reducers_move_a_few_percent_of_dense_ring_as_derived(mnist_dir, tmp_path):
+    dense, _, _ = train_step_bytes(mnist_dir, tmp_path, "ring")
+    assert dense == pytest.approx(2 * 3 * 407_080, rel=1e-3)  # 2(N-1) P, plus the metrics
+    limits = {"topk": 0.05, "signsgd": 0.07, "powersgd": 0.05}
+    derived = {"topk": 97_920, "signsgd": 152_856, "powersgd": 53_712}  # module docstrings
+    for name, limit in limits.items():
+        measured, info, entries = train_step_bytes(mnist_dir, tmp_path, name)
+        assert measured <= limit * dense, name
+        assert info["reduction_bytes"] == derived[name]
+        assert abs(measured - derived[name]) <= 0.1 * derived[name], (name, measured)
+        share = f"{100 * derived[name] / report.dense_ring_bytes(info):.1f}% of a dense ring's"
+        assert share in report.summary(entries), name
+
+
+def test_compressed_reducers_reach_dense_accuracy_on_real_mnist(mnist_dir):
+    """4 towers, 3 epochs: topk, powersgd and signsgd within 2 points of
+    dense ring, localsgd (every 8) within 1 (the README's table)."""
+    accuracy = {}
+    for reducer in ("ring", "topk", "powersgd", "signsgd", "localsgd:every=8"):
+        trainer = quiet(towers.Trainer(FOUR, model="mlp", reducer=reducer,
+                                       variables="replicated", seed=1, deterministic=True,
+                                       data=towers.data.directory(mnist_dir)))
+        accuracy[reducer] = trainer.fit(epochs=3)[-1]["eval_accuracy"]
+    dense = accuracy.pop("ring")
+    assert dense >= 0.96
+    for reducer, got in accuracy.items():
+        allowed = 0.01 if reducer.startswith("localsgd") else 0.02
+        assert got >= dense - allowed, (reducer, got, dense)
+
+
+def placement_of(devices):
+    return Placement(tuple(Tower(i, d, len(devices)) for i, d in enumerate(devices)),
+                     devices[-1])
+
+
+def built(reducer, shapes, devices=FOUR, destinations=None):
+    destinations = list(devices) if destinations is None else destinations
+    with tf.device(devices[0]):
+        step = tf.Variable(0, dtype=tf.int64)
+    reducer.build(ReducerContext(shapes=shapes, dtypes=[tf.float32] * len(shapes),
+                                 devices=tuple(devices), destinations=tuple(destinations),
+                                 step=step))
+    return tf.function(lambda grads: reducer(grads, list(devices), list(destinations)),
+                       autograph=False)
+
+
+@pytest.mark.parametrize("reducer", [TopK(ratio=0.05), SignSGD()], ids=["topk", "signsgd"])
+def test_what_each_tower_sent_plus_its_residual_is_what_it_was_given(reducer):
+    """Per tower, over K steps: sum of what it sent + final residual = sum of
+    its gradients. Only tower t's gradients are non-zero, so N x the mean is
+    exactly what tower t sent."""
+    shapes, steps = [(40, 30), (30,)], 6
+    rng = np.random.default_rng(0)
+    for t in range(len(FOUR)):
+        call = built(reducer, shapes)
+        sent = [np.zeros(s) for s in shapes]
+        given = [np.zeros(s) for s in shapes]
+        for _ in range(steps):
+            grads = [[rng.normal(size=s).astype(np.float32) if k == t else np.zeros(s, np.float32)
+                      for s in shapes] for k in range(len(FOUR))]
+            inputs = []
+            for k, device in enumerate(FOUR):
+                with tf.device(device):
+                    inputs.append([tf.constant(g) for g in grads[k]])
+            out = call(inputs)
+            for v in range(len(shapes)):
+                sent[v] += len(FOUR) * out[0][v].numpy()
+                given[v] += grads[t][v]
+                assert np.array_equal(out[0][v].numpy(), out[3][v].numpy())  # every destination
+        for v in range(len(shapes)):
+            residual = reducer.residuals[t][v].numpy()
+            np.testing.assert_allclose(sent[v] + residual, given[v], rtol=1e-5, atol=1e-5)
+            assert np.abs(residual).max() > 0  # something was held back
+            for k in range(len(FOUR)):
+                if k != t:
+                    assert not reducer.residuals[k][v].numpy().any()
+
+
+class DropsItsResidual(TopK):
+    """Wrong on purpose: forgets what it did not send."""
+
+    def __call__(self, tower_grads, devices, destinations):
+        out = super().__call__(tower_grads, devices, destinations)
+        for per_tower in self.residuals:
+            for residual in per_tower:
+                residual.assign(tf.zeros_like(residual))
+        return out
+
+
+def test_the_feedback_check_catches_a_reducer_that_drops_its_residual():
+    rng = np.random.default_rng(1)
+    steps = [[[rng.normal(size=(20, 5))] for _ in FOUR] for _ in range(4)]
+    assert feedback_problem(TopK(ratio=0.1), steps, FOUR, FOUR, tf.float32, 1e-5) is None
+    problem = feedback_problem(DropsItsResidual(ratio=0.1), steps, FOUR, FOUR, tf.float32, 1e-5)
+    assert problem.startswith("variable 0 for /cpu:0: what was sent over 4 calls plus the "
+                              "residuals is off the sum of the means by ")
+
+
+class TestTopK(ReducerTestBase):
+    devices = FOUR
+    dtypes = (tf.float32, tf.float64)
+    examples = 4
+
+    def make_reducer(self, placement):
+        return TopK(ratio=0.2)
+
+
+class TestSignSGD(TestTopK):
+    def make_reducer(self, placement):
+        return SignSGD()
+
+
+class TestPowerSGD(TestTopK):
+    def make_reducer(self, placement):
+        return PowerSGD(rank=1)
+
+
+class TestAUsersStatefulReducer(TestTopK):
+    def make_reducer(self, placement):
+        return Int8Feedback()
+
+
+def test_the_kit_checks_feedback_instead_of_the_mean_and_local_sgd_on_replicas():
+    rows = kit.check(TopK(ratio=0.1), FOUR[:2], dtypes=(tf.float32,))
+    assert {r.name for r in rows} == {"runs", "structure", "shape", "dtype", "placement",
+                                      "traffic", "feedback"}
+    assert all(r.passed for r in rows)
+    local = kit.check(build(ReducerOptions("localsgd"), placement_of(FOUR)), FOUR,
+                      dtypes=(tf.float32,), kinds=("replicated",))
+    kit.assert_all_passed(local)
+    refused = kit.check(build(ReducerOptions("localsgd"), placement_of(FOUR[:2])), FOUR[:2],
+                        dtypes=(tf.float32,), kinds=("reduce-device",), tower_counts=[2])
+    assert refused[0].detail.startswith("raised ReducerError: reducer='localsgd' "
+                                        "variables='reduce-device': local SGD steps each")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("topk:size=3", "--reducer 'topk:size=3': topk has no parameter 'size'; its parameters: "
+                    "ratio (default 0.01)"),
+    ("topk:ratio=lots", "--reducer 'topk:ratio=lots': ratio='lots' is not a number; "
+                        "e.g. topk:ratio=0.01"),
+    ("topk:ratio=0", "--reducer topk: ratio (0.0) must be in (0, 1]"),
+    ("powersgd:rank=2.5", "--reducer 'powersgd:rank=2.5': rank='2.5' is not an integer; "
+                          "e.g. powersgd:rank=2"),
+    ("powersgd:rank=0", "--reducer powersgd: rank (0) must be at least 1"),
+    ("localsgd:every=0", "--reducer localsgd: every (0) must be at least 1"),
+    ("ring:rank=2", "--reducer 'ring:rank=2': ring has no parameter 'rank'; its parameters: "
+                    "none"),
+])
+def test_a_bad_parameter_is_named_with_the_valid_ones(spec, message):
+    with pytest.raises(ReducerError) as caught:
+        ReducerOptions(spec)
+    assert flag_message(caught.value) == message
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(name="powersgd", pack_bytes=4096),
+     "--reducer powersgd --pack-bytes 4096: PowerSGD factors each gradient's own matrix, "
+     "which packing flattens; leave out --pack-bytes"),
+    (dict(name="localsgd:every=4", pack_bytes=4096),
+     "--reducer localsgd:every=4 --pack-bytes 4096: local SGD sends no gradients to pack; "
+     "leave out --pack-bytes"),
+    (dict(name="signsgd", compress="fp16"),
+     "--reducer signsgd --compress fp16: signsgd compresses the gradients itself; "
+     "leave out --compress"),
+])
+def test_what_does_not_compose_is_refused_in_one_line(options, message):
+    with pytest.raises(ReducerError) as caught:
+        ReducerOptions(**options)
+    assert flag_message(caught.value) == message
+
+
+def test_topk_composes_with_packing_and_its_figure_follows_the_buffers(mnist_dir, tmp_path):
+    log = tmp_path / "packed.jsonl"
+    trainer = quiet(towers.Trainer(FOUR[:2], model="mlp", reducer="topk:ratio=0.05",
+                                   pack_bytes=1 << 20, variables="replicated",
+                                   data=towers.data.directory(mnist_dir)))
+    (record,) = trainer.fit(epochs=1, steps_per_epoch=60, eval_steps=4, placement_log=str(log))
+    entries = report.load(str(log))
+    info = report.run_info(entries)
+    # One buffer of all 101,770 floats: 5,089 values and indices each way.
+    assert info["reduction_bytes"] == 2 * 8 * 5089
+    assert abs(sum(report.matrix(entries, "train").values()) - 2 * 8 * 5089) < 100
+    assert record["eval_accuracy"] > 0.7
+
+
+def test_local_sgd_replicas_agree_right_after_averaging_and_not_between(mnist_dir):
+    def trainer():
+        return quiet(towers.Trainer(FOUR[:2], model="mlp", reducer="localsgd:every=4",
+                                    variables="replicated",
+                                    data=towers.data.directory(mnist_dir)))
+
+    averaged = trainer()
+    averaged.fit(epochs=1, steps_per_epoch=8, eval_steps=1, check_replicas=4)  # checks 4, 8
+    assert averaged.towers.step.variables.check(0.0, 8) == 0.0  # bit for bit
+    between = trainer()
+    between.fit(epochs=1, steps_per_epoch=6, eval_steps=1)  # averaged at 4, alone 5 and 6
+    with pytest.raises(ReplicaDriftError):
+        between.towers.step.variables.check(1e-6, 6)
+    with pytest.raises(towers.UsageError) as caught:
+        between.fit(epochs=2, steps_per_epoch=6, check_replicas=6)
+    assert flag_message(caught.value) == (
+        "--check-replicas 6 is not a multiple of --reducer localsgd:every=4's every=4; "
+        "the replicas agree only right after an averaging step")
+
+
+def test_local_sgd_with_variables_on_the_reduce_device_is_refused():
+    trainer = towers.Trainer(FOUR[:2], reducer="localsgd", data=towers.data.synthetic())
+    with pytest.raises(towers.UsageError) as caught:
+        trainer.fit(epochs=1, steps_per_epoch=1)
+    assert str(caught.value) == (
+        "reducer='localsgd' variables='reduce-device': local SGD steps each tower's own "
+        "replica; add variables='replicated'")
+
+
+def test_a_users_stateful_reducer_trains_and_resumes_exactly(mnist_dir, tmp_path):
+    """tests.user_reducers:Int8Feedback, stopped after epoch 1 and resumed by
+    a new Trainer, ends with the uninterrupted run's checkpoint, residuals
+    included."""
+
+    def trainer():
+        return quiet(towers.Trainer(FOUR[:2], model="mlp", variables="replicated", seed=5,
+                                    reducer="tests.user_reducers:Int8Feedback",
+                                    deterministic=True, data=towers.data.directory(mnist_dir)))
+
+    fit = dict(steps_per_epoch=20, eval_steps=2, checkpoint_every=10)
+    whole = trainer().fit(epochs=2, checkpoint_dir=str(tmp_path / "whole"), **fit)
+    trainer().fit(epochs=1, checkpoint_dir=str(tmp_path / "split"), **fit)
+    resumed = trainer().fit(epochs=2, checkpoint_dir=str(tmp_path / "split"), resume=True, **fit)
+    assert resumed[-1]["loss"] == whole[-1]["loss"]
+    assert whole[-1]["eval_accuracy"] > 0.6
+    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "ckpt-40"))
+    b = tf.train.load_checkpoint(str(tmp_path / "split" / "ckpt-40"))
+    keys = [k for k in a.get_variable_to_shape_map()
+            if "train_data" not in k and "held_out/" not in k and "CHECKPOINTABLE" not in k]
+    residuals = [k for k in keys if k.startswith("reducer/residuals")]
+    assert len(residuals) == 2 * 4  # two towers x four gradients
+    for key in keys:
+        np.testing.assert_array_equal(a.get_tensor(key), b.get_tensor(key), err_msg=key)
+    assert any(np.abs(a.get_tensor(k)).max() > 0 for k in residuals)
+
+
+def test_the_readme_reducer_is_the_one_the_tests_train():
+    with open(os.path.join(REPO, "README.md")) as stream:
+        section = stream.read().split("### Reducers with state", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.startswith("import tensorflow as tf\nfrom towers.reducers import ")
+    assert code.endswith(inspect.getsource(Int8Feedback))
