@@ -73,6 +73,44 @@ def test_four_logical_gpus_train_real_mnist_with_each_reducer(mnist_dir, name, v
         assert towers.step.variables.check(1e-6, 100) == 0.0
 
 
+STATEFUL = ["topk", "powersgd", "signsgd", "localsgd"]
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
+    """int32 top-k indices, uint8 signs and QR on GPUs; local SGD replicated only."""
+    kinds = ("replicated",) if name == "localsgd" else ("replicated", "reduce-device")
+    rows = conformance.check(
+        conformance.PerPlacement(
+            lambda p: reducers.build(reducers.ReducerOptions(name), p)),
+        LOGICAL, reduce_device="/cpu:0", dtypes=(tf.float32,),
+        shapes=((33, 5), (7,), ()), kinds=kinds)
+    conformance.assert_all_passed(rows)
+    assert ("feedback" in {r.name for r in rows}) == (name != "localsgd")
+
+
+@pytest.mark.parametrize("name", ["topk", "powersgd", "signsgd", "localsgd:every=4"])
+def test_four_logical_gpus_train_real_mnist_with_each_stateful_reducer(mnist_dir, name):
+    placement_ = logical_placement()
+    info = data.inspect(mnist_dir)
+    data_options = data.DataOptions(format=info.format, train_path=info.train_path,
+                                    val_path=info.val_path, batch_size=64)
+    towers = train.build(placement_, data_options,
+                         train.ModelOptions(models.builder("mlp"), learning_rate=2e-3,
+                                            variables="replicated"),
+                         reducers.ReducerOptions(name), info.val_size)
+    options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
+                               eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
+    with open("/dev/null", "w") as quiet:
+        (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,
+                             EpochProgress(quiet))
+    print(f"gpu:{LOGICAL_GPUS} {name} replicated: eval_accuracy {record['eval_accuracy']:.4f}")
+    assert record["eval_accuracy"] >= 0.85, record
+    assert towers.step.variables.check(1e-6, 100) == 0.0  # local SGD: averaged at 100
+    state = towers.step.trackables()["reducer"]
+    assert all(v.device.endswith(("GPU:0", "GPU:1", "GPU:2", "GPU:3")) for v in state.variables)
+
+
 def test_a_gpu_tower_decodes_on_the_gpu_and_learns_the_digits(mnist_dir, tmp_path):
     metrics = tmp_path / "m.jsonl"
     result = run_cli("tower-train", "--devices", "0", "--data", mnist_dir, "--epochs", "1",
