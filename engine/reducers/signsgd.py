@@ -25,25 +25,27 @@ import tensorflow as tf
 
 from engine.reducers.feedback import ErrorFeedback
 
-# Python lists, not tensors: a tensor made on import would start TensorFlow
-# before the devices are configured.
-_BITS = [128, 64, 32, 16, 8, 4, 2, 1]
+# Bits of a byte, most significant first. No int32 on the way: TensorFlow does
+# int32 work in host memory on a GPU, which would copy every tensor out of the
+# GPU and back. Packing adds weighted 0/1 floats (exact up to 255); unpacking
+# shifts the uint8 bytes.
+_WEIGHTS = [128.0, 64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0]
 _SHIFTS = [7, 6, 5, 4, 3, 2, 1, 0]
 
 
 def pack_signs(flat: tf.Tensor) -> tf.Tensor:
     """uint8[ceil(size / 8)]: bit 7 - j of byte i is 1 where flat[8 i + j] >= 0."""
     size = flat.shape.num_elements()
-    padded = tf.pad(tf.cast(flat >= 0, tf.int32), [[0, -size % 8]])
-    return tf.cast(tf.reduce_sum(tf.reshape(padded, [-1, 8]) * tf.constant(_BITS), axis=1), tf.uint8)
+    bits = tf.pad(tf.cast(flat >= 0, tf.float32), [[0, -size % 8]])
+    weights = tf.constant(_WEIGHTS)  # made here: a tensor made on import would start TensorFlow
+    return tf.cast(tf.reduce_sum(tf.reshape(bits, [-1, 8]) * weights, axis=1), tf.uint8)
 
 
 def unpack_signs(packed: tf.Tensor, size: int, dtype: tf.DType) -> tf.Tensor:
     """The +1 / -1 of `pack_signs`, `size` of them, in `dtype`."""
-    bits = tf.bitwise.bitwise_and(
-        tf.bitwise.right_shift(tf.cast(packed, tf.int32)[:, None], tf.constant(_SHIFTS)), 1
-    )
-    return tf.cast(2 * tf.reshape(bits, [-1])[:size] - 1, dtype)
+    shifted = tf.bitwise.right_shift(packed[:, None], tf.constant(_SHIFTS, tf.uint8))
+    bits = tf.bitwise.bitwise_and(shifted, tf.constant(1, tf.uint8))
+    return tf.cast(2.0 * tf.cast(tf.reshape(bits, [-1])[:size], tf.float32) - 1.0, dtype)
 
 
 class SignSGD(ErrorFeedback):

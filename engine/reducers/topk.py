@@ -4,8 +4,8 @@ Lin et al., "Deep Gradient Compression", ICLR 2018).
 Each tower adds its residual to its gradient, keeps the k = ceil(ratio x
 size) entries of largest magnitude (at least one) and puts the rest back into
 its residual (engine.reducers.feedback). The values and their int32 indices
-are all-gathered; every destination scatters the N towers' entries into a
-dense tensor (entries at the same index add up) and divides by N.
+are all-gathered; every destination scatters each tower's entries into a
+dense tensor, adds the N of them in tower order and divides by N.
 
 Bytes per step, N towers that are all destinations (replicated variables),
 float32 gradients of sizes s_v, k_v = max(1, ceil(ratio s_v)):
@@ -52,13 +52,22 @@ class TopK(ErrorFeedback):
         size = corrected.shape.num_elements()
         _, indices = tf.math.top_k(tf.abs(corrected), k=self.kept(size), sorted=False)
         values = tf.gather(corrected, indices)
-        sent = tf.scatter_nd(indices[:, None], values, [size])
-        return (values, indices), sent
+        return (values, indices), _dense(values, indices, size)
 
     def decompress(self, payloads, size):
-        values = tf.concat([p[0] for p in payloads], 0)
-        indices = tf.concat([p[1] for p in payloads], 0)
-        return tf.scatter_nd(indices[:, None], values, [size])
+        # One scatter per tower (its indices are distinct), added in tower
+        # order: a single scatter of every tower's entries would add the
+        # entries at a shared index in whatever order a GPU's atomic adds
+        # take, and the replicas would drift apart.
+        return tf.add_n([_dense(values, indices, size) for values, indices in payloads])
 
     def payload_bytes(self, shape, dtype):
         return self.kept(shape.num_elements()) * (dtype.size + 4)
+
+
+def _dense(values: tf.Tensor, indices: tf.Tensor, size: int) -> tf.Tensor:
+    """A flat tensor of `size` with `values` at `indices` (distinct) and zeros
+    elsewhere. A segment sum takes the int32 indices as they come from top-k:
+    reshaping them for scatter_nd would be int32 work, which TensorFlow does
+    in host memory on a GPU (a copy out and back per gradient)."""
+    return tf.math.unsorted_segment_sum(values, indices, size)
