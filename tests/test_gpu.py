@@ -47,24 +47,30 @@ def test_every_reducer_gives_the_mean_between_logical_gpus(name, reduce_device):
         assert {row.name for row in rows} >= {"mean", "shape", "placement"}
 
 
-@pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("variables", ["reduce-device", "replicated"])
-def test_four_logical_gpus_train_real_mnist_with_each_reducer(mnist_dir, name, variables):
-    """What `tower-train --devices gpu:4 --reducer NAME --variables MODE` runs:
-    DALI decoding on the GPU for every tower, 100 steps, the whole held-out set."""
-    placement_ = logical_placement()
+def train_100_steps(mnist_dir, reducer, variables):
+    """The built towers, and the record of 100 steps of the mlp on the four
+    logical GPUs, with DALI decoding on each, and of the whole held-out set."""
     info = data.inspect(mnist_dir)
     data_options = data.DataOptions(format=info.format, train_path=info.train_path,
                                     val_path=info.val_path, batch_size=64)
-    towers = train.build(placement_, data_options,
+    towers = train.build(logical_placement(), data_options,
                          train.ModelOptions(models.builder("mlp"), learning_rate=2e-3,
                                             variables=variables),
-                         reducers.ReducerOptions(name), info.val_size)
+                         reducers.ReducerOptions(reducer), info.val_size)
     options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
                                eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
     with open("/dev/null", "w") as quiet:
         (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,
                              EpochProgress(quiet))
+    return towers, record
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("variables", ["reduce-device", "replicated"])
+def test_four_logical_gpus_train_real_mnist_with_each_reducer(mnist_dir, name, variables):
+    """What `tower-train --devices gpu:4 --reducer NAME --variables MODE` runs:
+    DALI decoding on the GPU for every tower, 100 steps, the whole held-out set."""
+    towers, record = train_100_steps(mnist_dir, name, variables)
     print(f"gpu:{LOGICAL_GPUS} {name} {variables}: loss {record['loss']:.4f}, "
           f"eval_accuracy {record['eval_accuracy']:.4f} on {record['eval_samples']} digits")
     assert record["steps"] == 100 and record["eval_samples"] == 10_000
@@ -106,19 +112,7 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
 
 @pytest.mark.parametrize("name", ["topk", "powersgd", "signsgd", "localsgd:every=4"])
 def test_four_logical_gpus_train_real_mnist_with_each_stateful_reducer(mnist_dir, name):
-    placement_ = logical_placement()
-    info = data.inspect(mnist_dir)
-    data_options = data.DataOptions(format=info.format, train_path=info.train_path,
-                                    val_path=info.val_path, batch_size=64)
-    towers = train.build(placement_, data_options,
-                         train.ModelOptions(models.builder("mlp"), learning_rate=2e-3,
-                                            variables="replicated"),
-                         reducers.ReducerOptions(name), info.val_size)
-    options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
-                               eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
-    with open("/dev/null", "w") as quiet:
-        (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,
-                             EpochProgress(quiet))
+    towers, record = train_100_steps(mnist_dir, name, "replicated")
     print(f"gpu:{LOGICAL_GPUS} {name} replicated: eval_accuracy {record['eval_accuracy']:.4f}")
     assert record["eval_accuracy"] >= 0.85, record
     # Equal bit for bit (local SGD: averaged at step 100), but for topk on
