@@ -89,7 +89,8 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
     # PowerSGD's matmuls run in TF32 on a GPU by default; the result made on
     # the CPU reduce device would then differ from what the towers keep as
     # sent by TF32's precision (README, "Reducers with state").
-    tf.config.experimental.enable_tensor_float_32_execution(name != "powersgd")
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(tf32 and name != "powersgd")
     try:
         rows = conformance.check(
             conformance.PerPlacement(
@@ -97,7 +98,7 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
             LOGICAL, reduce_device="/cpu:0", dtypes=(tf.float32,),
             shapes=((33, 5), (7,), ()), kinds=kinds)
     finally:
-        tf.config.experimental.enable_tensor_float_32_execution(True)
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
     if name == "topk":
         # TensorFlow keeps int32 tensors in host memory on a GPU: each
         # destination's copy of a tower's top-k indices costs one more

@@ -52,6 +52,11 @@ def test_compressed_reducers_move_a_few_percent_of_dense_ring_as_derived(mnist_d
         assert abs(measured - derived[name]) <= 0.1 * derived[name], (name, measured)
         share = f"{100 * derived[name] / report.dense_ring_bytes(info):.1f}% of a dense ring's"
         assert share in report.summary(entries), name
+    # Local SGD: an averaging step's ring over weights and Adam's two slots.
+    measured, info, entries = train_step_bytes(mnist_dir, tmp_path, "localsgd")
+    assert info["reduction_bytes"] == 2 * 3 * 3 * 407_080
+    assert abs(measured - info["reduction_bytes"]) <= 100
+    assert "(on an averaging step, 1 in every 8)" in report.summary(entries)
 
 
 def three_epochs(mnist_dir, reducer):
@@ -308,3 +313,59 @@ def test_signs_pack_eight_to_a_byte_and_come_back_in_a_graph():
     packed, unpacked = roundtrip(tf.constant(signs, tf.float32))
     assert packed.dtype == tf.uint8 and packed.numpy().tolist() == list(range(256))
     np.testing.assert_array_equal(unpacked.numpy(), signs)
+
+
+def test_powersgd_compresses_matrices_and_its_feedback_holds():
+    rows = kit.check(PowerSGD(rank=1), FOUR[:3], dtypes=(tf.float32,),
+                     shapes=((33, 5), (7,), ()))
+    kit.assert_all_passed(rows)
+    assert sum(r.name == "feedback" for r in rows) == 3 + 3  # 1-3 towers, both kinds
+    reducer = PowerSGD(rank=1)
+    built(reducer, [(33, 5), (7,)], devices=FOUR[:2])
+    assert reducer.plan == [(33, 5), None]
+
+
+def test_a_non_finite_step_leaves_powersgd_state_as_it_was():
+    reducer = PowerSGD(rank=2)
+    call = built(reducer, [(40, 30)], devices=FOUR[:2])
+    rng = np.random.default_rng(4)
+
+    def grads(bad):
+        out = []
+        for k, device in enumerate(FOUR[:2]):
+            value = rng.normal(size=(40, 30)).astype(np.float32)
+            if bad and k == 1:
+                value[3, 4] = np.inf  # a loss scale's overflow, say
+            with tf.device(device):
+                out.append([tf.constant(value)])
+        return out
+
+    call(grads(False))
+    before = [v.numpy() for v in reducer.variables]
+    call(grads(True))
+    after = [v.numpy() for v in reducer.variables]
+    assert len(before) == 4 and all(np.isfinite(b).all() for b in before)
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_objects_are_refused_like_their_names():
+    with pytest.raises(ReducerError) as caught:
+        ReducerOptions(PowerSGD(rank=4), pack_bytes=4096)
+    assert flag_message(caught.value) == (
+        "--reducer engine.reducers.powersgd:PowerSGD --pack-bytes 4096: PowerSGD factors "
+        "each gradient's own matrix, which packing flattens; leave out --pack-bytes")
+
+
+def test_check_reducer_holds_a_lossy_reducer_to_its_feedback():
+    trainer = quiet(towers.Trainer(FOUR[:2], model="mlp", variables="replicated",
+                                   reducer=DropsItsResidual(ratio=0.1), check_reducer=True,
+                                   data=towers.data.synthetic()))
+    with pytest.raises(ReducerError) as caught:
+        trainer.fit(epochs=1, steps_per_epoch=1)
+    assert "what was sent over 4 calls plus the residuals is off the sum of the means" in str(
+        caught.value)
+    fine = quiet(towers.Trainer(FOUR[:2], model="mlp", variables="replicated", reducer="topk",
+                                check_reducer=True, data=towers.data.synthetic()))
+    (record,) = fine.fit(epochs=1, steps_per_epoch=2)
+    assert record["steps"] == 2

@@ -160,18 +160,19 @@ def check_local_sgd(reducer, variables: str, check_replicas: int) -> None:
     step: `check_replicas` must fall on those."""
     from engine import reducers
 
-    if reducer.builtin != "localsgd":
+    if reducer.method != "localsgd":
         return
     if variables != "replicated":
         raise UsageError(
-            f"<reducer={reducer.name}> <variables={variables}>: local SGD steps each "
+            f"<reducer={reducer.label}> <variables={variables}>: local SGD steps each "
             "tower's own replica; add <variables=replicated>"
         )
-    every = reducer.arguments.get("every", reducers.parameters("localsgd")["every"])
+    every = (reducer.function.every if reducer.function is not None
+             else reducer.arguments.get("every", reducers.parameters("localsgd")["every"]))
     if check_replicas % every:
         raise UsageError(
             f"<check_replicas={check_replicas}> is not a multiple of "
-            f"<reducer={reducer.name}>'s every={every}; the replicas agree only right "
+            f"<reducer={reducer.label}>'s every={every}; the replicas agree only right "
             "after an averaging step"
         )
 

@@ -115,8 +115,10 @@ class ReducerOptions:
     """How gradients are averaged.
 
     Attributes:
-      name: a built-in (BUILT_INS), `package.module:function`, or a function
-        of (tower_grads, devices, destinations) (base.py has the contract).
+      name: a built-in (BUILT_INS), with its parameters for those with state
+        (`topk:ratio=0.05`); `package.module:function` or `:Class` (a
+        StatefulReducer); a function of (tower_grads, devices, destinations)
+        (base.py has the contract); or a StatefulReducer object.
       group_size: towers per group for `hierarchical`.
       pack_bytes: fuse gradients into buffers of about this many bytes before
         reducing; 0 reduces each gradient alone.
@@ -164,21 +166,28 @@ class ReducerOptions:
             raise ReducerError(
                 f"<compress> {self.compress!r} is not one of {', '.join(COMPRESSION)}"
             )
-        if self.builtin in STATEFUL and self.compress:
+        if self.method in STATEFUL and self.compress:
             raise ReducerError(
-                f"<reducer={self.name}> <compress={self.compress}>: {self.builtin} "
+                f"<reducer={self.label}> <compress={self.compress}>: {self.method} "
                 "compresses the gradients itself; leave out <compress>"
             )
-        if self.builtin in _NOT_PACKED and self.pack_bytes:
+        if self.method in _NOT_PACKED and self.pack_bytes:
             raise ReducerError(
-                f"<reducer={self.name}> <pack_bytes={self.pack_bytes}>: "
-                f"{_NOT_PACKED[self.builtin]}; leave out <pack_bytes>"
+                f"<reducer={self.label}> <pack_bytes={self.pack_bytes}>: "
+                f"{_NOT_PACKED[self.method]}; leave out <pack_bytes>"
             )
         if self.builtin == "nccl" and self.compress == "bf16":
             raise ReducerError(
                 "<reducer=nccl> <compress=bf16>: NCCL's all-reduce in TensorFlow "
                 "takes half, float, double, int32 or int64; use <compress=fp16>"
             )
+
+    @property
+    def method(self) -> str | None:
+        """The built-in this is, by name or by class (`TopK()` is `topk`)."""
+        if self.builtin is not None:
+            return self.builtin
+        return next((n for n, cls in STATEFUL.items() if isinstance(self.function, cls)), None)
 
     @property
     def label(self) -> str:
@@ -189,8 +198,10 @@ class ReducerOptions:
 def build(options: ReducerOptions, placement: Placement) -> Reducer:
     """The reducer for `options`, checked against the placement.
 
-    central, ring and tree declare the bytes they move (a `traffic` method,
-    engine/reducers/conformance.py); the others have no figure.
+    central, ring, tree and the four with state declare the bytes they move
+    (a `traffic` method, engine/reducers/conformance.py); the others have no
+    figure. A reducer with state is built for its gradients later
+    (`build_state`).
     """
     name = options.builtin
     link = Link(options.compress if name in _HOP_BY_HOP else None)

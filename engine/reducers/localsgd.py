@@ -11,7 +11,7 @@ averaged by ring all-reduce, so the replicas agree right after such a step
 replica to step alone: refused.
 
 Bytes, N towers, V bytes of floating-point replica variables per tower
-(mlp with Adam: weights and two slots, 3 x 407,592 bytes):
+(mlp with Adam: weights and two slots, 3 x 407,080 bytes):
 
     on an averaging step: 2 (N - 1) V in all (ring); on the others: none
 

@@ -19,7 +19,9 @@ through a dense ring all-reduce. Per compressed gradient, on every tower k:
 
 so mean_k E_k + result = mean_k M_k: the residuals carry exactly what the
 mean lost. For the first `start_after` steps (the run's global step) every
-gradient goes through the dense ring instead, and the state stays as it is.
+gradient goes through the dense ring instead, and the state stays as it is;
+both schedules are then in the step's graph, and the placement log, which
+reads the graph, counts both.
 
 Bytes per step, N towers that are all destinations, float32, from the ring's
 2 (N - 1) x 4 bytes per element all-reduced:
@@ -159,9 +161,15 @@ class PowerSGD(StatefulReducer):
                     approx[device] = tf.linalg.matmul(p, q, transpose_b=True)
             for k, device in enumerate(devices):
                 with tf.device(device):
-                    residual = self.residuals[k][v]
-                    residual.assign(tf.reshape(matrices[k] - approx[device], residual.shape))
-                    self.factors[k][q_index].assign(means[k])
+                    # A non-finite gradient anywhere reaches every tower through
+                    # the all-reduces: such a step (one the run skips, or a loss
+                    # scale's overflow) leaves the residuals and Q as they were.
+                    residual, factor = self.residuals[k][v], self.factors[k][q_index]
+                    left = tf.reshape(matrices[k] - approx[device], residual.shape)
+                    finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(left)),
+                                            tf.reduce_all(tf.math.is_finite(means[k])))
+                    residual.assign(tf.where(finite, left, residual))
+                    factor.assign(tf.where(finite, means[k], factor))
             for d, destination in enumerate(destinations):
                 with tf.device(destination):
                     out[d].append(tf.reshape(approx[destination], tf.shape(grads[0])))
@@ -175,8 +183,8 @@ class PowerSGD(StatefulReducer):
         n = len(devices)
         if set(destinations) != set(devices):
             return None
-        elements = 0
+        sent = 0  # bytes all-reduced per tower
         for shape, dtype, nm in zip(self.context.shapes, self.context.dtypes, self.plan):
             count = shape.num_elements() if nm is None else (nm[0] + nm[1]) * self.rank
-            elements += count * dtype.size
-        return {device: 2 * (n - 1) * elements // n for device in devices} if n > 1 else {}
+            sent += count * dtype.size
+        return {device: 2 * (n - 1) * sent // n for device in devices} if n > 1 else {}

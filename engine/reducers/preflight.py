@@ -70,11 +70,12 @@ def check_on_model(
             symbolic, values, _ = run_call(reducer, arrays, devices, destinations, tf.float32)
             problem = structure_problem(symbolic, destinations, len(shapes))
             if problem is None:
-                shapes, _, _ = result_problems(symbolic, values, destinations, arrays,
-                                               tf.float32, {})
-                problem = first(shapes)
+                wrong_shapes, _, _ = result_problems(symbolic, values, destinations, arrays,
+                                                     tf.float32, {})
+                problem = first(wrong_shapes)
             if problem is None and state is not None and state.lossy:
-                if hasattr(state, "residuals"):
+                # Wrapped (packed), its residuals are per buffer, not per gradient.
+                if hasattr(state, "residuals") and state is reducer:
                     steps = [arrays] + [gradients() for _ in range(FEEDBACK_STEPS - 1)]
                     problem = feedback_problem(reducer, steps, devices, destinations,
                                                tf.float32, allowed)

@@ -30,11 +30,10 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine.reducers.base import Link, mean
-from engine.reducers.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from engine.reducers.ring import ring_all_reduce, ring_reduce_scatter
 from engine.reducers.tree import halving_doubling
 
-__all__ = ["ALGORITHMS", "all_gather", "all_reduce", "broadcast", "gather_chunks",
-           "reduce_scatter"]
+__all__ = ["ALGORITHMS", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
 ALGORITHMS = ("ring", "tree", "central")
 _PLAIN = Link()
@@ -153,7 +152,7 @@ def reduce_scatter(
     Returns:
       One 1-D chunk per device, made there: the flattened mean cut into
       len(devices) contiguous parts whose sizes differ by at most one
-      (`engine.reducers.base.split_even`). `gather_chunks` joins them again.
+      (`engine.reducers.base.split_even`).
 
     Raises:
       ValueError: not one tensor per device.
@@ -185,14 +184,6 @@ def broadcast(
       `source`, a copy made on the destination otherwise.
     """
     return [tensor if d == source else link.send(tensor, source, d) for d in destinations]
-
-
-def gather_chunks(chunks: Sequence[tf.Tensor], devices: Sequence[str], *,
-                  link: Link = _PLAIN) -> list[tf.Tensor]:
-    """The inverse of reduce_scatter's cut: chunk k from devices[k], joined, on
-    every device (a ring all-gather)."""
-    _check_aligned(chunks, devices)
-    return ring_all_gather(list(chunks), list(devices), link)
 
 
 def _check_aligned(tensors, devices) -> None:

@@ -26,8 +26,8 @@ Two optional hooks:
   feedback; the conformance kit checks that what was sent plus what is
   pending equals what was given.
 and two figures: `lossy` (the result is the mean only over many steps) and
-`traffic(devices, destinations, nbytes)` (conformance.py), computed for the
-context the reducer was built for.
+`traffic(devices, destinations, nbytes)` (conformance.py): the built-ins give
+it for the context they were built for; the run passes the gradients' bytes.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import tensorflow as tf
 __all__ = ["ReducerContext", "StatefulReducer", "build_state", "stateful_part"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # holds variables: compared by identity
 class ReducerContext:
     """What a stateful reducer is built for.
 
@@ -109,7 +109,8 @@ class StatefulReducer(tf.Module):
         traffic = getattr(self, "traffic", None)
         if self.context is None or not callable(traffic):
             return None
-        figure = traffic(list(self.context.devices), list(self.context.destinations), 0)
+        figure = traffic(list(self.context.devices), list(self.context.destinations),
+                         sum(self.context.nbytes))
         return None if figure is None else sum(figure.values())
 
 

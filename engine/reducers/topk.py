@@ -46,7 +46,8 @@ class TopK(ErrorFeedback):
 
     def kept(self, size: int) -> int:
         """How many entries of a gradient of `size` entries a tower sends."""
-        return max(1, min(size, math.ceil(self.ratio * size)))
+        # Rounded first: 0.07 x 100 is 7.000000000000001 in floating point.
+        return max(1, min(size, math.ceil(round(self.ratio * size, 9))))
 
     def compress(self, corrected):
         size = corrected.shape.num_elements()
