@@ -170,6 +170,14 @@ def test_check_from_the_command_line():
     ]
     assert "checked 3 towers: 36 checks, 6 failed" in summed.stderr.splitlines()
 
+    # A user's stateful class, built anew per case: feedback instead of mean.
+    int8 = run_cli("tower-reduce-bench", "--check", "tests.user_reducers:Int8Feedback",
+                   "--devices", "cpu:2")
+    assert int8.returncode == 0, int8.stderr
+    lines = int8.stdout.splitlines()
+    assert "mean            -     -" in lines and "feedback     pass  pass" in lines
+    assert lines[-1] == "72 checks passed"
+
     ring = run_cli("tower-reduce-bench", "--check", "ring", "--devices", "cpu:3")
     assert ring.returncode == 0, ring.stderr
     lines = ring.stdout.splitlines()

@@ -114,26 +114,29 @@ BENCH_ONLY = ("sizes", "names", "variables", "repeats", "warmup", "json_path")
 
 
 def check_target(spec: str, group_size: int, compress: str | None):
-    """What `--check SPEC` checks: a built-in, built for each placement, or
-    the user's `package.module:function`."""
+    """What `--check SPEC` checks, built anew for each placement: a built-in
+    (with its parameters, `topk:ratio=0.05`), the user's
+    `package.module:function`, or `:Class` of a StatefulReducer. Returns it
+    and whether it serves replicated variables only (local SGD)."""
     from engine import reducers
-    from engine.reducers.cast import Cast
     from engine.reducers.conformance import PerPlacement
     from engine.userfn import load_function
 
-    if spec in reducers.BUILT_INS:
-        try:
-            options = reducers.ReducerOptions(spec, group_size, 0, compress)
-        except reducers.ReducerError:
-            raise  # OneLineCommand names the flags
-        return PerPlacement(lambda placement: reducers.build(options, placement))
-    if ":" not in spec:
-        raise UsageFailure(
-            f"--check {spec!r} is not one of {', '.join(reducers.BUILT_INS)} and not "
-            "package.module:function"
-        )
-    function = load_function(spec, "check")  # a UsageError, which names --check
-    return Cast(function, compress) if compress else function
+    if spec.partition(":")[0] not in reducers.BUILT_INS:
+        if ":" not in spec:
+            raise UsageFailure(
+                f"--check {spec!r} is not one of {', '.join(reducers.BUILT_INS)} and not "
+                "package.module:function"
+            )
+        load_function(spec, "check")  # a UsageError, which names --check
+    try:
+        options = reducers.ReducerOptions(spec, group_size, 0, compress)
+    except reducers.ReducerError:
+        raise  # OneLineCommand names the flags
+    # New options per placement: a class is instantiated for each.
+    target = PerPlacement(lambda placement: reducers.build(
+        reducers.ReducerOptions(spec, group_size, 0, compress), placement))
+    return target, options.method == "localsgd"
 
 
 def check_table(rows, counts) -> str:
@@ -152,7 +155,8 @@ def check_table(rows, counts) -> str:
         lines.append(f"{name:<11}" + "".join(f"{c:>6}" for c in cells))
         unchecked = unchecked or "-" in cells
     if unchecked:
-        lines.append("-: not checked (a check it needs failed, or no traffic figure)")
+        lines.append("-: not checked (a check it needs failed, no traffic figure, or a "
+                     "lossy reducer: feedback instead of mean, where it keeps residuals)")
     return "\n".join(lines)
 
 
@@ -176,7 +180,7 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
     from engine.reducers import conformance
     from engine.reducers.base import COMPRESSION
 
-    target = check_target(spec, group_size, compress)
+    target, replicated_only = check_target(spec, group_size, compress)
     devices = list(placement.devices)
     counts = list(range(1, len(devices) + 1))
     sent_as = f", sent as {compress}" if compress else ""
@@ -189,8 +193,11 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
         click.echo(f"checked {n} tower{'s' if n > 1 else ''}: {len(rows)} checks, "
                    f"{failed} failed", err=True)
 
+    kinds = (conformance.REPLICATED,) if replicated_only else (
+        conformance.REPLICATED, conformance.REDUCE_DEVICE)
     rows = conformance.check(target, devices, reduce_device=reduce_device,
-                             compressed_to=COMPRESSION.get(compress), progress=progress)
+                             compressed_to=COMPRESSION.get(compress), progress=progress,
+                             kinds=kinds)
     click.echo(check_table(rows, counts))
     if not any(r.name == "traffic" for r in rows):
         click.echo("traffic: no figure declared (a traffic() method; see "
