@@ -155,18 +155,14 @@ def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> Non
         raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
 
 
-def check_local_sgd(reducer, variables: str, check_replicas: int) -> None:
-    """Local SGD needs replicas, and they agree only right after an averaging
-    step: `check_replicas` must fall on those."""
+def check_local_sgd(reducer, check_replicas: int) -> None:
+    """Local SGD's replicas agree only right after an averaging step:
+    `check_replicas` must fall on those. (Its need of replicated variables is
+    LocalSGD.build's to refuse.)"""
     from engine import reducers
 
     if reducer.method != "localsgd":
         return
-    if variables != "replicated":
-        raise UsageError(
-            f"<reducer={reducer.label}> <variables={variables}>: local SGD steps each "
-            "tower's own replica; add <variables=replicated>"
-        )
     every = (reducer.function.every if reducer.function is not None
              else reducer.arguments.get("every", reducers.parameters("localsgd")["every"]))
     if check_replicas % every:
@@ -189,7 +185,7 @@ def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_
     from engine.run.train import PlacementOptions, TrainOptions
 
     check_fit(run.model.variables, check_replicas, profile_steps, logdir)
-    check_local_sgd(run.reducer, run.model.variables, check_replicas)
+    check_local_sgd(run.reducer, check_replicas)
     batch = run.data.batch_size
     if steps_per_epoch is None:
         steps_per_epoch = 100 if info.train_size is None else info.train_size // (batch * towers)

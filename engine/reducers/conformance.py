@@ -172,8 +172,7 @@ def check_call(reducer: Reducer, arrays, devices: Sequence[str],
 def _traffic_rows(reducer, devices, destinations, kind) -> list[CheckResult]:
     elements = checks.even_elements(len(devices))
     try:
-        checks.build_for(reducer, [[np.zeros(elements)] for _ in devices], devices,
-                         destinations, tf.float32)
+        checks.build_for(reducer, [(elements,)], devices, destinations, tf.float32)
         figure = checks.declared_traffic(reducer, devices, destinations, 4 * elements)
         if figure is None:
             return []

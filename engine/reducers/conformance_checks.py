@@ -36,17 +36,17 @@ def device_names(names: Sequence[str], argument: str) -> list[str]:
     return out
 
 
-def build_for(reducer, arrays, devices: Sequence[str], destinations: Sequence[str],
+def build_for(reducer, shapes, devices: Sequence[str], destinations: Sequence[str],
               dtype: tf.DType) -> tf.Variable | None:
-    """Builds a stateful `reducer` afresh for gradients shaped as arrays[0], in
-    `dtype`; returns the step variable it reads, None for a stateless one."""
+    """Builds a stateful `reducer` afresh for gradients of `shapes`, in `dtype`;
+    returns the step variable it reads, None for a stateless one."""
     if stateful_part(reducer) is None:
         return None
     with tf.device(devices[0]):
         step = tf.Variable(0, dtype=tf.int64, trainable=False)
     build_state(reducer, ReducerContext(
-        shapes=tuple(np.shape(a) for a in arrays[0]),
-        dtypes=tuple(dtype for _ in arrays[0]),
+        shapes=tuple(shapes),
+        dtypes=tuple(dtype for _ in shapes),
         devices=tuple(devices), destinations=tuple(destinations),
         variables="replicated" if list(destinations) == list(devices) else "reduce-device",
         step=step,
@@ -62,7 +62,7 @@ def run_call(reducer, arrays, devices: Sequence[str], destinations: Sequence[str
       (the traced outputs, the eager outputs, {argument op: its device}) for
       structure_problem, result_problems and mean_problem.
     """
-    build_for(reducer, arrays, devices, destinations, dtype)
+    build_for(reducer, [np.shape(a) for a in arrays[0]], devices, destinations, dtype)
     inputs = _placed(arrays, devices, dtype)
     # Without autograph a reducer's own exception keeps its own message; a
     # reducer builds its ops in plain Python, so it needs no conversion.
@@ -100,7 +100,8 @@ def feedback_problem(reducer, steps_arrays, devices: Sequence[str],
     Builds the reducer afresh; its `residuals[k][v]` must have the gradients'
     shapes.
     """
-    step = build_for(reducer, steps_arrays[0], devices, destinations, dtype)
+    step = build_for(reducer, [np.shape(a) for a in steps_arrays[0][0]], devices,
+                     destinations, dtype)
     state = stateful_part(reducer)
     function = tf.function(
         lambda grads: reducer(grads, list(devices), list(destinations)), autograph=False

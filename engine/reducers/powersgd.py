@@ -123,8 +123,7 @@ class PowerSGD(StatefulReducer):
     def _dense(tower_grads, devices, destinations):
         out = [[] for _ in destinations]
         for grads in zip(*tower_grads):
-            for d, mean in enumerate(all_reduce(grads, devices, destinations)):
-                out[d].append(mean)
+            _append_mean(out, grads, devices, destinations)
         return out
 
     def _compressed(self, tower_grads, devices, destinations):
@@ -134,8 +133,7 @@ class PowerSGD(StatefulReducer):
         for v, grads in enumerate(zip(*tower_grads)):
             nm = self.plan[v]
             if nm is None:
-                for d, mean in enumerate(all_reduce(grads, devices, destinations)):
-                    out[d].append(mean)
+                _append_mean(out, grads, devices, destinations)
                 continue
             n, m = nm
             matrices, projected = [], []
@@ -188,3 +186,9 @@ class PowerSGD(StatefulReducer):
             count = shape.num_elements() if nm is None else (nm[0] + nm[1]) * self.rank
             sent += count * dtype.size
         return {device: 2 * (n - 1) * sent // n for device in devices} if n > 1 else {}
+
+
+def _append_mean(out, grads, devices, destinations) -> None:
+    """Appends the dense ring mean of one gradient to each destination's list."""
+    for d, mean in enumerate(all_reduce(grads, devices, destinations)):
+        out[d].append(mean)

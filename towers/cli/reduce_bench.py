@@ -42,6 +42,7 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
     """One row of the table: `reducer_name` on one float32 tensor of `size` per tower."""
     from engine import reducers
     from engine.placement import report as placement_report
+    from engine.reducers.conformance_checks import build_for
     from engine.reducers.measure import reduction_transfers
 
     reducer = reducers.build(options, placement)
@@ -51,11 +52,7 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
     if state is not None:  # topk, signsgd, powersgd: built for this one tensor
         import tensorflow as tf
 
-        with tf.device(devices[0]):
-            step = tf.Variable(0, dtype=tf.int64, trainable=False)
-        reducers.build_state(reducer, reducers.ReducerContext(
-            shapes=[(size,)], dtypes=[tf.float32], devices=tuple(devices),
-            destinations=tuple(destinations), variables=variables, step=step))
+        build_for(reducer, [(size,)], devices, destinations, tf.float32)
     function, sent = reduction_transfers(reducer, devices, destinations, [size])
     for _ in range(warmup):
         function()
