@@ -369,3 +369,30 @@ def test_check_reducer_holds_a_lossy_reducer_to_its_feedback():
                                 check_reducer=True, data=towers.data.synthetic()))
     (record,) = fine.fit(epochs=1, steps_per_epoch=2)
     assert record["steps"] == 2
+
+
+def test_the_collectives_give_the_mean_chunks_and_copies_where_asked():
+    from towers.reducers import ALGORITHMS, all_gather, all_reduce, broadcast, reduce_scatter
+
+    rng = np.random.default_rng(9)
+    values = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(3)]
+    tensors = []
+    for value, device in zip(values, FOUR[:3]):
+        with tf.device(device):
+            tensors.append(tf.constant(value))
+    mean = np.mean(values, axis=0)
+    for algorithm in ALGORITHMS:
+        results = all_reduce(tensors, FOUR[:3], [*FOUR[:3], "/cpu:5"], algorithm=algorithm)
+        assert [r.device.endswith(f"CPU:{i}") for i, r in zip((0, 1, 2, 5), results)] == [True] * 4
+        for result in results:
+            np.testing.assert_allclose(result.numpy(), mean, rtol=1e-6, atol=1e-6)
+    chunks = reduce_scatter(tensors, FOUR[:3])
+    assert [c.shape[0] for c in chunks] == [5, 5, 5]  # 15 elements in 3 chunks
+    np.testing.assert_allclose(np.concatenate([c.numpy() for c in chunks]), mean.ravel(),
+                               rtol=1e-6, atol=1e-6)
+    gathered = all_gather(tensors, FOUR[:3], ["/cpu:6"])
+    assert [g.numpy().tolist() for g in gathered[0]] == [v.tolist() for v in values]
+    copies = broadcast(tensors[1], FOUR[1], ["/cpu:1", "/cpu:7"])
+    assert copies[0] is tensors[1] and copies[1].device.endswith("CPU:7")
+    with pytest.raises(ValueError, match="algorithm 'star' is not one of ring, tree, central"):
+        all_reduce(tensors, FOUR[:3], algorithm="star")
