@@ -139,22 +139,34 @@ def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, processes
         assert (code, words.splitlines()[-1]) == (0, "tower-worker: stopped by SIGTERM")
 
 
+REPLICATED = ["--epochs", "1", "--steps-per-epoch", "60", "--eval-steps", "0",
+              "--variables", "replicated", "--check-replicas", "30"]
+
+
+@pytest.fixture(scope="module")
+def central_on_one_host(mnist_dir, tmp_path_factory):
+    """The metrics of three towers in one process with the central reducer."""
+    metrics = tmp_path_factory.mktemp("central") / "local.jsonl"
+    local = run_cli("tower-train", "--devices", "cpu:3", "--data", mnist_dir, *REPLICATED,
+                    "--reducer", "central", "--metrics", str(metrics))
+    assert local.returncode == 0, local.stderr
+    [here] = read_metrics(metrics)
+    return here
+
+
+@pytest.mark.xdist_group("central_on_one_host")  # its fixture runs once
 @pytest.mark.parametrize("reducer", ["ring", "collective"])
-def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, processes, reducer):
+def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, processes, reducer,
+                                                        central_on_one_host):
     """Replicated variables on three towers over two workers: the all-reduce
     runs between the workers, and the run equals the central one on one host."""
     w0, w1 = processes.worker(), processes.worker(cpus=2)
-    common = ["--epochs", "1", "--steps-per-epoch", "60", "--eval-steps", "0",
-              "--variables", "replicated", "--check-replicas", "30"]
     remote = run_cli(*train_args(
         mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0,w1/cpu:1",
-        *common, "--reducer", reducer, "--metrics", str(tmp_path / "remote.jsonl")))
+        *REPLICATED, "--reducer", reducer, "--metrics", str(tmp_path / "remote.jsonl")))
     assert remote.returncode == 0, remote.stderr
-    local = run_cli("tower-train", "--devices", "cpu:3", "--data", mnist_dir, *common,
-                    "--reducer", "central", "--metrics", str(tmp_path / "local.jsonl"))
-    assert local.returncode == 0, local.stderr
-    [there], [here] = read_metrics(tmp_path / "remote.jsonl"), read_metrics(tmp_path / "local.jsonl")
-    assert there["loss"] == pytest.approx(here["loss"], rel=1e-5)
+    [there] = read_metrics(tmp_path / "remote.jsonl")
+    assert there["loss"] == pytest.approx(central_on_one_host["loss"], rel=1e-5)
 
 
 def wait_for_file(run: subprocess.Popen, path, seconds: float = 120) -> None:

@@ -265,15 +265,14 @@ def test_nccl_on_cpu_towers_exits_2_from_the_command_line():
 
 
 def test_replicated_mnist_reaches_the_default_accuracy(mnist_dir, tmp_path):
-    runs = {}
-    for label, extra in (("default", []),
-                         ("replicated", ["--variables", "replicated", "--reducer", "ring",
-                                         "--check-replicas", "50"])):
-        metrics = tmp_path / f"{label}.jsonl"
-        result = run_cli("tower-train", "--devices", "cpu:2", "--data", mnist_dir,
-                         "--epochs", "5", "--steps-per-epoch", "100", "--metrics",
-                         str(metrics), *extra)
-        assert result.returncode == 0, result.stderr
-        runs[label] = json.loads(metrics.read_text().splitlines()[-1])
-    assert runs["replicated"]["eval_accuracy"] >= 0.94
-    assert abs(runs["replicated"]["eval_accuracy"] - runs["default"]["eval_accuracy"]) < 0.01
+    """Replicated variables with the ring, their copies compared every 50
+    steps, train as well as the default (central, reduce-device variables)
+    does in the same 500 steps: 0.95 to 0.96 here. (That the two give the
+    same losses is checked in tests/test_cluster.py, replicated on workers
+    against central in one process.)"""
+    metrics = tmp_path / "replicated.jsonl"
+    result = run_cli("tower-train", "--devices", "cpu:2", "--data", mnist_dir,
+                     "--epochs", "5", "--steps-per-epoch", "100", "--metrics", str(metrics),
+                     "--variables", "replicated", "--reducer", "ring", "--check-replicas", "50")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(metrics.read_text().splitlines()[-1])["eval_accuracy"] >= 0.945

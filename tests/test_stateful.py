@@ -73,6 +73,7 @@ def dense_accuracy(mnist_dir):
     return three_epochs(mnist_dir, "ring")
 
 
+@pytest.mark.xdist_group("dense_accuracy")  # the dense run once, on one worker
 @pytest.mark.parametrize("reducer, allowed", [
     ("topk", 0.02), ("powersgd", 0.02), ("signsgd", 0.02), ("localsgd:every=8", 0.01)])
 def test_compressed_reducers_reach_dense_accuracy_on_real_mnist(mnist_dir, dense_accuracy,
