@@ -28,7 +28,8 @@ ARGUMENTS = frozenset("""
     batch_size check check_reducer check_replicas checkpoint_dir checkpoint_every cluster compress
     compute_dtype connect_timeout dali_threads data deterministic devices epochs eval_steps
     format gpu_memory group_size growth_interval initial keep_checkpoints learning_rate
-    logdir loss metrics minimum mixed_precision model optimizer pack_bytes path pipeline
+    logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
+    mixed_precision model optimizer pack_bytes path pipeline
     placement_log port prefetch profile_steps reduce_device reducer resume seed sizes
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
     variables xla

@@ -1,6 +1,7 @@
 """The placement log: runtime devices, bytes moved, strays, diff and picture."""
 
 import json
+import math
 import xml.etree.ElementTree as ElementTree
 
 import keras
@@ -10,11 +11,14 @@ from conftest import run_cli
 
 from engine.core.losses import sparse_cross_entropy
 from engine.core.step import TowerStep
-from engine.core.variables import ReduceDeviceVariables
+from engine.core.variables import ReduceDeviceVariables, ReplicatedVariables
 from engine.placement import log as placement
 from engine.placement import render as placement_render
 from engine.placement import report as placement_report
 from engine.reducers import Central
+
+# The real logs below are made once, on one worker.
+pytestmark = pytest.mark.xdist_group("placement_logs")
 
 
 def train_with_log(mnist_dir, tmp_path, devices, *extra, name="log.jsonl"):
@@ -30,9 +34,10 @@ def train_with_log(mnist_dir, tmp_path, devices, *extra, name="log.jsonl"):
 def logs(mnist_dir, tmp_path_factory):
     """Real logs of two configurations: 2 and 4 CPU towers."""
     tmp = tmp_path_factory.mktemp("placement")
-    out = {}
+    out = {"tmp": tmp}
     for n in (2, 4):
-        result, log = train_with_log(mnist_dir, tmp, f"cpu:{n}", name=f"cpu{n}.jsonl")
+        result, log = train_with_log(mnist_dir, tmp, f"cpu:{n}", "--logdir", str(tmp / f"tb{n}"),
+                                     name=f"cpu{n}.jsonl")
         assert result.returncode == 0, result.stderr
         out[n] = (result, placement_report.load(str(log)))
     return out
@@ -265,17 +270,21 @@ def test_log_device_placement_passes_through_to_tensorflow():
     assert placer in printed.stderr
 
 
-def tiny_step(towers, reduce_device, optimizer):
+def tiny_step(towers, reduce_device, optimizer, reducer="central"):
     """A softmax regression step on `towers`, each fed ones from its own
-    device, on CPU devices 0-3: (step, iterators, placement)."""
+    device, on CPU devices 0-3: (step, iterators, placement). A reducer other
+    than central runs with replicated variables."""
+    from engine import reducers
     from engine.topology.devices import DeviceRequest, resolve
 
     placement_ = resolve(DeviceRequest(towers, reduce_device=reduce_device),
                          [f"/cpu:{k}" for k in range(4)])
-    variables = ReduceDeviceVariables(
+    mode = ReduceDeviceVariables if reducer == "central" else ReplicatedVariables
+    variables = mode(
         lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")]),
         optimizer, placement_)
-    step = TowerStep(variables=variables, placement=placement_, reducer=Central(reduce_device))
+    step = TowerStep(variables=variables, placement=placement_,
+                     reducer=reducers.build(reducers.ReducerOptions(reducer), placement_))
     iterators = []
     for tower in placement_.towers:
         with tf.device(tower.device):
@@ -326,3 +335,168 @@ def test_nothing_runs_on_the_default_device_unless_asked():
         used |= {d for e in entries if e["kind"] == "transfer"
                  and e["tensor"].split(":")[0] not in arguments for d in (e["src"], e["dst"])}
         assert used == {"/cpu:1", "/cpu:2", "/cpu:3"}
+
+
+def test_trace_command_writes_a_chrome_trace_of_the_real_step(logs):
+    tmp = logs["tmp"]
+    entries = logs[4][1]
+    out = tmp / "step.json"
+    result = run_cli("tower-placement", "trace", str(tmp / "cpu4.jsonl"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    processes = sorted(e["args"]["name"] for e in events if e["name"] == "process_name")
+    assert processes == [f"/cpu:{k}" for k in range(4)]
+    data = [t for t in placement_report.transfers(entries, "train") if not t["control"]]
+    flows = sorted((e["args"]["tensor"], e["args"]["bytes"]) for e in events if e["ph"] == "s")
+    assert flows == sorted((t["tensor"], t["bytes"]) for t in data)
+    assert len([e for e in events if e["ph"] == "f"]) == len(flows)
+    assert result.stdout.startswith(f"wrote {out}: ")
+    # Tower 3's ops are on its track of the device each ran on: its own for
+    # its passes, /cpu:0 for its reads of the variables there.
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    ran = {s["name"]: s["device"] for s in placement_report.slices(entries, "train")}
+    tower = [e for e in events if e["ph"] == "X"
+             and e["name"].startswith(("tower_3/", "gradient_tape/tower_3/"))]
+    assert {ran[e["name"]] for e in tower} == {"/cpu:3", "/cpu:0"}
+    for e in tower:
+        assert e["pid"] == pids[ran[e["name"]]] and threads[(e["pid"], e["tid"])] == "tower 3"
+
+
+def test_summary_has_the_step_analysis_memory_and_reasons(logs):
+    out = logs[2][0].stdout
+    assert "step analysis (one profiled train step" in out
+    assert "critical path:" in out and "longest ops per device:" in out
+    assert "peak memory per device" in out
+    # Tower 1 reads the variables on /cpu:0: its reads run there.
+    assert ("1 op of tower 1 ran on /cpu:0, not /cpu:1: colocated with variable "
+            "mlp/dense/kernel on /cpu:0 (a resource's ops run where it lives)") in out
+    peaks = placement_report.memory(logs[2][1], "train")
+    # On CPUs only tensors of 256 KiB or more are recorded; tower 1 has one:
+    # the gradient of the first layer's kernel, 784 x 128 float32.
+    assert peaks["/cpu:1"]["peak_bytes"] == 784 * 128 * 4
+    assert peaks["/cpu:1"]["phases"] == {"backward": 784 * 128 * 4}
+    assert "tensors of 256 KiB or more" in out
+
+
+def test_check_command_fails_over_a_budget_and_passes_under_it(logs):
+    path = str(logs["tmp"] / "cpu2.jsonl")
+    moved = placement_report.matrix(logs[2][1], "train")
+    up = moved[("/cpu:1", "/cpu:0")]
+    over = run_cli("tower-placement", "check", path, "--max-bytes", f"*->/cpu:0={up - 1}")
+    assert over.returncode == 1, over.stderr
+    [line] = over.stdout.splitlines()
+    assert line.startswith(
+        f"/cpu:1 -> /cpu:0: {up:,} bytes per train step, over the budget *->/cpu:0={up - 1:,}; "
+        "largest tensor gradient_tape/tower_1/")
+    assert line.endswith(" (float32[784x128], 401,408 bytes)")  # the first layer's kernel
+    under = run_cli("tower-placement", "check", path, "--max-bytes", f"*->/cpu:0={up}",
+                    "--max-total-bytes", str(sum(moved.values())), "--no-strays")
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert under.stdout.strip() == f"{path}: the train step keeps to every budget"
+    bad = run_cli("tower-placement", "check", path, "--max-bytes", "cpu:1=5")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "tower-placement: error: --max-bytes: 'cpu:1=5' is not SRC->DST=BYTES; for example "
+        "'/cpu:1->/cpu:0=500000' or '*->/cpu:0=1000000'"
+    )
+
+
+def test_max_transfer_bytes_stops_the_run_after_the_first_step(mnist_dir, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli(
+        "tower-train", "--devices", "cpu:2", "--data", mnist_dir, "--epochs", "1",
+        "--steps-per-epoch", "3", "--max-transfer-bytes", "100000", "--metrics", str(metrics),
+    )
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("tower-train: error: --max-transfer-bytes: all devices: 814,")
+    assert "over the budget of 100,000; largest tensor " in line
+    assert not metrics.exists()  # no epoch finished
+
+
+def test_tensorboard_gets_the_step_coloured_by_device(logs):
+    from tensorflow.core.protobuf import config_pb2
+
+    directory = logs["tmp"] / "tb2" / "placement"
+    found = {}
+    for path in directory.iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                data = config_pb2.RunMetadata()
+                data.ParseFromString(tf.make_ndarray(value.tensor).item())
+                found[(value.tag, value.metadata.plugin_data.plugin_name)] = data
+    assert set(found) == {(f"placement/{step}", plugin) for step in ("train", "eval")
+                          for plugin in ("graph_run_metadata", "graph_run_metadata_graph")}
+    data = found[("placement/train", "graph_run_metadata")]
+    devices = {n.name: n.device for g in data.function_graphs
+               for n in g.pre_optimization_graph.node}
+    ran = {o["name"]: o["assigned"] for o in placement_report.ops(logs[2][1], "train")}
+    kept = [name for name in devices if name in ran]
+    assert len(kept) > 100
+    for name in kept:  # the device it ran on, not the one it asked for
+        assert devices[name].endswith("device:CPU:" + ran[name][-1]), name
+    timed = {n.node_name: n.all_end_rel_micros for d in data.step_stats.dev_stats
+             for n in d.node_stats}
+    slices = {s["name"] for s in placement_report.slices(logs[2][1], "train")}
+    assert set(timed) == slices and all(t >= 1 for t in timed.values())
+
+
+def _no_label_covers_a_box(picture):
+    boxes = list(picture.boxes.values())
+    spots = list(picture.labels.values())
+    for i, label in enumerate(spots):
+        for other in boxes + spots[:i]:
+            w = min(label[2], other[2]) - max(label[0], other[0])
+            h = min(label[3], other[3]) - max(label[1], other[1])
+            assert w <= 0 or h <= 0, (label, other)
+
+
+def test_a_ring_is_drawn_as_a_ring_with_labels_clear_of_the_boxes():
+    step, iterators, placement_ = tiny_step(tuple(f"/cpu:{k}" for k in range(4)), "/cpu:0",
+                                            lambda: keras.optimizers.SGD(0.1), "ring")
+    log = placement.PlacementLog(None, placement.RunInfo(
+        towers=placement_.devices, reduce_device="/cpu:0", parameters=15,
+        parameter_bytes=60, batch_size=8, model="tiny", reducer="ring",
+        variables="replicated"), timings=False)
+    log.call("train", step.train, iterators)
+    picture = placement_render.draw(log.entries)
+    import matplotlib.pyplot as plt
+
+    plt.close(picture.figure)
+    # Neighbours on the ring stand next to each other on the circle: the
+    # reduce device is one of them, not in the middle that hops would cross.
+    angles = {d: math.atan2(y, x) for d, (x, y) in picture.positions.items()}
+    assert all(math.hypot(*p) > 1 for p in picture.positions.values())
+    order = sorted(angles, key=lambda d: -angles[d])
+    start = order.index("/cpu:0")
+    assert order[start:] + order[:start] == ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]
+    assert len(picture.labels) == len(placement_report.matrix(log.entries, "train"))
+    _no_label_covers_a_box(picture)
+
+
+def test_central_reduction_puts_the_reduce_device_in_the_middle(logs):
+    picture = placement_render.draw(logs[4][1])
+    import matplotlib.pyplot as plt
+
+    plt.close(picture.figure)
+    assert picture.positions["/cpu:0"] == (0.0, 0.0)
+    _no_label_covers_a_box(picture)
+
+
+def test_the_python_api_reads_the_log_as_the_command_does(logs, tmp_path):
+    import towers
+
+    path = str(logs["tmp"] / "cpu2.jsonl")
+    log = towers.placement.load(path)
+    printed = run_cli("tower-placement", "summary", path)
+    assert printed.stdout.rstrip("\n") == towers.placement.summary(log)
+    trace = towers.placement.write_trace(log, str(tmp_path / "step.json"))
+    assert json.loads((tmp_path / "step.json").read_text()) == trace
+    found = towers.placement.analyse(log)
+    assert found.wall_us == placement_report.call(log, "train")["dur_us"] > 0
+    assert [d.device for d in found.devices] == ["/cpu:0", "/cpu:1"]
+    total = sum(placement_report.matrix(log, "train").values())
+    assert towers.placement.check(log, towers.placement.Budget(max_total_bytes=total)) == []
+    [over] = towers.placement.check(log, towers.placement.Budget(max_total_bytes=total - 1))
+    assert over.startswith(f"all devices: {total:,} bytes per train step, over the budget of ")

@@ -8,7 +8,9 @@ import pytest
 
 PUBLIC = {
     "towers": ["RunError", "Shard", "TowerError", "Trainer", "UsageError", "UserCodeError",
-               "data", "models", "reducers"],
+               "data", "models", "placement", "reducers"],
+    "towers.placement": ["Analysis", "Budget", "analyse", "check", "load", "summary",
+                         "write_trace"],
     "towers.data": ["DEFAULT_MNIST", "Shard", "Source", "directory", "mnist", "pipeline",
                     "synthetic"],
     "towers.reducers": ["ALGORITHMS", "BUILT_INS", "LocalSGD", "PowerSGD", "ReducerContext",
@@ -29,7 +31,8 @@ PUBLIC = {
                     "valid_counts"],
     "engine.run": ["build", "checkpoint", "describe", "guard", "progress", "signals",
                    "summaries", "train", "watchdog", "watchers"],
-    "engine.placement": ["log", "render", "report"],
+    "engine.placement": ["analysis", "budgets", "log", "profile", "reasons", "render", "report",
+                         "tensorboard", "timeline", "trace"],
     "engine.topology": ["cluster", "devices", "process", "splits"],
     "engine.errors": ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"],
     "engine.userfn": ["UserCodeError", "calling", "check_signature", "label", "load_function",
@@ -55,7 +58,8 @@ def test_what_users_call_is_documented():
                   towers.data.pipeline, towers.data.mnist, towers.data.directory,
                   towers.data.synthetic, towers.Shard, *(
                       getattr(towers.reducers, name) for name in towers.reducers.__all__
-                      if name not in ("ALGORITHMS", "BUILT_INS"))):
+                      if name not in ("ALGORITHMS", "BUILT_INS")), *(
+                      getattr(towers.placement, name) for name in towers.placement.__all__)):
         doc = inspect.getdoc(owner) or ""
         if not doc or (inspect.isfunction(owner) and "Returns:" not in doc):
             undocumented.append(owner.__qualname__)

@@ -6,13 +6,14 @@
 
 `towers.data` holds the data sources (MNIST, directories, synthetic images,
 your own DALI pipeline), `towers.models` the model zoo, `towers.reducers`
-the reducers with state and what you need to write your own. The command-line tools
+the reducers with state and what you need to write your own,
+`towers.placement` what reads a placement log (summary, trace, budgets). The command-line tools
 in `towers.cli` are thin layers over this API.
 """
 
 from engine.errors import RunError, TowerError, UsageError
 from engine.userfn import UserCodeError
-from towers import data, models
+from towers import data, models, placement
 from towers.data import Shard
 from towers.trainer import Trainer
 
@@ -25,6 +26,7 @@ __all__ = [
     "UserCodeError",
     "data",
     "models",
+    "placement",
     "reducers",
 ]
 

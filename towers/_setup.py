@@ -176,7 +176,7 @@ def check_local_sgd(reducer, check_replicas: int) -> None:
 def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_per_epoch,
                   steps_per_loop, eval_steps, metrics, checkpoint_dir, checkpoint_every,
                   keep_checkpoints, resume, placement_log, strict_placement, logdir,
-                  profile_steps, skip_nonfinite, check_replicas):
+                  profile_steps, skip_nonfinite, check_replicas, max_transfer_bytes=None):
     """Everything `fit` runs with; default epoch and evaluation lengths from the data."""
     import dataclasses
 
@@ -197,7 +197,7 @@ def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_
         reducer=run.reducer,
         loop=loop.LoopOptions(epochs, steps_per_epoch, eval_steps, metrics, check_replicas,
                               steps_per_loop=steps_per_loop),
-        placement=PlacementOptions(placement_log, strict_placement),
+        placement=PlacementOptions(placement_log, strict_placement, max_transfer_bytes),
         checkpoints=CheckpointOptions(
             checkpoint_dir, checkpoint_every, keep_checkpoints, resume,
             io_device=cluster.local_cpu if cluster else None,

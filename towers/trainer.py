@@ -183,6 +183,7 @@ class Trainer:
         resume: bool = False,
         placement_log: str | None = None,
         strict_placement: bool = False,
+        max_transfer_bytes: int | None = None,
         logdir: str | None = None,
         profile_steps: tuple[int, int] | None = None,
         skip_nonfinite: bool = False,
@@ -208,6 +209,8 @@ class Trainer:
           placement_log: write where every op of the first train and eval
             steps ran, and what crossed devices, to this JSON Lines file.
           strict_placement: stop after the first step if a tower op strayed.
+          max_transfer_bytes: stop after the first train step if it moved
+            more bytes between devices than this.
           logdir: TensorBoard scalars here.
           profile_steps: (A, B): a profiler trace of global steps A to B in logdir.
           skip_nonfinite: skip (and count) steps with a non-finite loss or
@@ -223,8 +226,9 @@ class Trainer:
 
         Raises:
           UsageError: a bad argument, naming it; nothing has been written.
-          NonFiniteError, StrayPlacementError, ReplicaDriftError,
-          CheckpointError: the run could not go on (engine.errors.RunError).
+          NonFiniteError, StrayPlacementError, TransferBudgetError,
+          ReplicaDriftError, CheckpointError: the run could not go on
+          (engine.errors.RunError).
           StopRequested: `stop` saw a signal (after a checkpoint was saved).
         """
         from engine.run import train as train_lib
@@ -236,7 +240,7 @@ class Trainer:
             eval_steps=eval_steps, metrics=metrics, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             resume=resume, placement_log=placement_log, strict_placement=strict_placement,
-            logdir=logdir, profile_steps=profile_steps, skip_nonfinite=skip_nonfinite,
+            max_transfer_bytes=max_transfer_bytes, logdir=logdir, profile_steps=profile_steps, skip_nonfinite=skip_nonfinite,
             check_replicas=check_replicas,
         )
         if self.towers is not None and options.data.checkpointing != self._checkpointing:

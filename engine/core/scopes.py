@@ -59,3 +59,22 @@ def input_tower(name: str) -> int | None:
     """The tower whose batch an `input_k/` op fetches, else None."""
     match = _INPUT.match(_BRANCH.sub("", name))
     return int(match.group(1)) if match else None
+
+
+PHASES = ("input", "forward", "backward", "reduce", "update", "other")
+
+
+def phase(name: str) -> str:
+    """The part of the step an op named `name` belongs to: `input` (fetching
+    batches), `forward` and `backward` (a tower's passes), `reduce`, `update`
+    or `other`."""
+    name = _BRANCH.sub("", name)
+    if _TOWER.match(name):
+        return "backward" if name.startswith("gradient_tape/") else "forward"
+    if _INPUT.match(name) or _ITERATOR_ARGS.match(name):
+        return "input"
+    match = _REDUCE.match(name)
+    if match:
+        return UPDATE if match.group(0).removeprefix("gradient_tape/").startswith(UPDATE) else REDUCE
+    return "other"
+

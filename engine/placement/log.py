@@ -15,12 +15,19 @@ Log schema (JSON Lines), one object per line:
    "compress": "fp16"|"bf16"|null, "model": str}
   {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
    "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
-   "input_tower": int|null, "stray": str|null}
+   "input_tower": int|null, "stray": str|null, "inputs": [node name],
+   "reason": str|null}
   {"kind": "transfer", "step": "train"|"eval", "tensor": "name:port",
    "src": str, "dst": str, "dtype": str, "shape": [int]|null,
-   "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool}
+   "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool,
+   "send": node name, "recv": node name|null, "reason": str|null}
   A control transfer is a cross-device control edge: an ordering signal that
-  carries no data (bytes 0).
+  carries no data (bytes 0). An op's `inputs` are the nodes it waits for
+  (data and control); a `_Recv` among them is the `recv` of a transfer.
+  `reason` says why an op ran elsewhere than it asked for (or than its tower's
+  device, when it asked for none): engine.placement.reasons.
+  With timings (engine.placement.timeline), the next call of each captured
+  step adds `call`, `slice` and `memory` records.
 Devices are written short: `/cpu:1` when local, `/job:worker/task:1/cpu:0` on
 another task (see engine.topology.devices.canonical); `bytes` is
 per call of the step and null when the size cannot be known (never 0).
@@ -40,6 +47,7 @@ from tensorflow.python.framework import op_def_registry
 
 from engine.core import scopes
 from engine.errors import RunError
+from engine.placement import reasons
 from engine.topology.devices import canonical
 
 SENDS = ("_Send", "_HostSend")
@@ -188,10 +196,15 @@ def records(
     """
     out = []
     for function_graph in metadata.function_graphs:
-        requested = {
-            node.name: node.device for node in function_graph.pre_optimization_graph.node
-        }
+        pre = function_graph.pre_optimization_graph
+        requested = {node.name: node.device for node in pre.node}
+        facts = reasons.GraphFacts(pre, graph)
         optimized = {node.name: node for node in function_graph.post_optimization_graph.node}
+        recvs = {
+            _rendezvous(node): node.name
+            for partition in function_graph.partition_graphs
+            for node in partition.node if node.op in RECVS
+        }
         for partition in function_graph.partition_graphs:
             # Partitioning adds nodes of its own (lowered control flow); the
             # nodes it keeps are better read in the optimized graph, where a
@@ -203,10 +216,22 @@ def records(
                 if node.op in RECVS:
                     continue
                 if node.op in SENDS:
-                    out.append(_transfer(node, step, graph, ops_by_name, optimized))
+                    record = _transfer(node, step, graph, ops_by_name, optimized)
+                    record["recv"] = recvs.get(_rendezvous(node))
                 else:
-                    out.append(_op(node, step, requested.get(node.name) or None, towers))
+                    record = _op(node, step, requested.get(node.name) or None, towers, facts)
+                out.append(record)
     return out
+
+
+def _rendezvous(node) -> tuple[str, ...]:
+    """The key a _Send and its _Recv share."""
+    return tuple(node.attr[k].s.decode() for k in ("tensor_name", "send_device", "recv_device"))
+
+
+def node_inputs(node) -> list[str]:
+    """Names of the nodes `node` waits for, data and control, in order."""
+    return [name.lstrip("^").split(":")[0] for name in node.input]
 
 
 def _transfer(node, step: str, graph, ops_by_name: dict[str, str], optimized) -> dict:
@@ -228,10 +253,14 @@ def _transfer(node, step: str, graph, ops_by_name: dict[str, str], optimized) ->
         "bytes": 0 if control else _bytes(dtype, shape),
         "via": node.op,
         "control": control,
+        "send": node.name,
+        "reason": reasons.transfer_reason(node.op, dtype.name, short_device(
+            node.attr["send_device"].s.decode())),
     }
 
 
-def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
+def _op(node, step: str, requested: str | None, towers: Sequence[str],
+        facts: reasons.GraphFacts) -> dict:
     assigned = short_device(node.device)
     wanted = short_device(requested) if requested else None
     if scopes.is_partition_node(node.name, node.op):
@@ -244,6 +273,12 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
             stray = f"tower {owner} op ran on {assigned}, not on {towers[owner]}"
         elif wanted and canonical(wanted) and assigned != wanted:
             stray = f"asked for {wanted}, moved to {assigned} by soft placement"
+    # A tower's op is wanted on its tower's device, whatever it asked for
+    # (a colocation sets the request); any other op where it asked to be.
+    expected = towers[owner] if isinstance(owner, int) and owner < len(towers) else wanted
+    reason = None
+    if expected and canonical(expected) and assigned != expected and node.op not in ("_Arg", "_Retval"):
+        reason = reasons.reason(facts, node.name, node.op, assigned, expected)
     return {
         "kind": "op",
         "step": step,
@@ -254,6 +289,8 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str]) -> dict:
         "tower": owner,
         "input_tower": None if owner == "other" else scopes.input_tower(node.name),
         "stray": stray,
+        "inputs": node_inputs(node),
+        "reason": reason,
     }
 
 
@@ -279,34 +316,79 @@ class RunInfo:
         return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers)}
 
 
+class TransferBudgetError(RunError):
+    """--max-transfer-bytes: the captured train step moved more."""
+
+
 class PlacementLog:
     """Captures the first call of each step kind and writes the log.
 
     `call(kind, function, *args)` runs the step; the first call of each kind is
-    captured, the rest run plainly. With `strict`, stray ops raise
-    StrayPlacementError right after the captured call. With no `path` the log
-    is kept in memory only (for `--strict-placement` alone).
+    captured, the second (with `timings`) runs under the profiler and adds its
+    timings and memory (engine.placement.timeline), the rest run plainly. With
+    `strict`, stray ops raise StrayPlacementError right after the captured
+    call; with `max_transfer_bytes`, a train step that moves more raises
+    TransferBudgetError. With no `path` the log is kept in memory only.
     """
 
-    def __init__(self, path: str | None, info: RunInfo, *, strict: bool = False):
+    def __init__(self, path: str | None, info: RunInfo, *, strict: bool = False,
+                 timings: bool = True, max_transfer_bytes: int | None = None):
         self.path = path
         self.info = info
         self.strict = strict
+        self.timings = timings
+        self.max_transfer_bytes = max_transfer_bytes
         self.entries: list[dict] = [info.record()]
-        self._captured: set[str] = set()
+        self.notes: list[str] = []  # what could not be recorded, and why
+        # Per captured kind: its run metadata and node name -> device.
+        self.metadata: dict = {}
+        self._devices: dict[str, dict[str, str]] = {}
+        self._timed: set[str] = set()
 
     def call(self, kind: str, function, *args):
-        if kind in self._captured:
+        if kind in self._devices:
+            if self.timings and kind not in self._timed:
+                self._timed.add(kind)
+                return self._time(kind, function, *args)
             return function(*args)
         result, metadata = collect(function, *args)
         graph = function.get_concrete_function(*args).graph
         new = records(metadata, kind, self.info.towers, graph)
         self.entries.extend(new)
-        self._captured.add(kind)
+        self.metadata[kind] = metadata
+        self._devices[kind] = {
+            node.name: short_device(node.device)
+            for function_graph in metadata.function_graphs
+            for partition in function_graph.partition_graphs
+            for node in partition.node
+        }
         self.write()
         strays = [r for r in new if r["kind"] == "op" and r["stray"]]
         if self.strict and strays:
             raise StrayPlacementError(stray_message(strays))
+        if kind == "train" and self.max_transfer_bytes is not None:
+            from engine.placement import budgets
+
+            over = budgets.violations(
+                self.entries, budgets.Budget(max_total_bytes=self.max_transfer_bytes), kind
+            )
+            if over:
+                raise TransferBudgetError(f"<max_transfer_bytes>: {over[0]}")
+        return result
+
+    def _time(self, kind: str, function, *args):
+        from engine.placement import profile, timeline
+
+        try:
+            result, seen = profile.profile(function, *args)
+        except profile.ProfilerBusy:
+            self.notes.append(
+                f"no timings for the {kind} step: another profiler was running "
+                "(--profile-steps over step 2?)"
+            )
+            return function(*args)
+        self.entries.extend(timeline.records(seen, kind, self._devices[kind]))
+        self.write()
         return result
 
     def write(self) -> None:

@@ -6,6 +6,7 @@ import collections
 import json
 from collections.abc import Iterable, Sequence
 
+from engine.core.scopes import PHASES
 from engine.topology.devices import task_of
 
 STEPS = ("train", "eval")
@@ -23,6 +24,21 @@ def ops(entries: Iterable[dict], step: str) -> list[dict]:
 
 def transfers(entries: Iterable[dict], step: str) -> list[dict]:
     return [e for e in entries if e["kind"] == "transfer" and e["step"] == step]
+
+
+def slices(entries: Iterable[dict], step: str) -> list[dict]:
+    """The profiled executions of the step's nodes (engine.placement.timeline)."""
+    return [e for e in entries if e["kind"] == "slice" and e["step"] == step]
+
+
+def call(entries: Iterable[dict], step: str) -> dict | None:
+    """The profiled call of the step, or None when the log has no timings."""
+    return next((e for e in entries if e["kind"] == "call" and e["step"] == step), None)
+
+
+def memory(entries: Iterable[dict], step: str) -> dict[str, dict]:
+    """Memory records of the step by device."""
+    return {e["device"]: e for e in entries if e["kind"] == "memory" and e["step"] == step}
 
 
 def run_info(entries: Sequence[dict]) -> dict:
@@ -208,7 +224,57 @@ def summary(entries: Sequence[dict]) -> str:
             lines += [f"    {s['name']} ({s['op']}): {s['stray']}" for s in step_strays]
         else:
             lines.append("  stray ops: none")
+        lines += reason_lines(step_ops, info["towers"])
+        lines += memory_lines(entries, step)
+        from engine.placement import analysis
+
+        found = analysis.analyse(entries, step)
+        if found is not None:
+            lines += analysis.lines(found)
     return "\n".join(lines)
+
+
+def _wanted(op: dict, towers: Sequence[str]) -> str:
+    """Its tower's device for a tower's op, else the device an op asked for."""
+    owner = op["tower"]
+    if isinstance(owner, int) and owner < len(towers):
+        return towers[owner]
+    return op["requested"] or ""
+
+
+def reason_lines(step_ops: Sequence[dict], towers: Sequence[str]) -> list[str]:
+    """Ops that ran elsewhere than asked, grouped by who, where and why:
+    `12 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with ...`."""
+    groups = collections.Counter(
+        (_owner_label(o["tower"]), o["assigned"], _wanted(o, towers), o["reason"])
+        for o in step_ops if o.get("reason")
+    )
+    if not groups:
+        return []
+    out = [f"  ops that ran elsewhere than asked ({sum(groups.values())}):"]
+    for (owner, assigned, requested, reason), count in sorted(
+        groups.items(), key=lambda kv: (-kv[1], kv[0])
+    ):
+        wanted = f", not {requested}" if requested else ""
+        ops_word = "op" if count == 1 else "ops"
+        out.append(f"    {count} {ops_word} of {owner} ran on {assigned}{wanted}: {reason}")
+    return out
+
+
+def memory_lines(entries: Sequence[dict], step: str) -> list[str]:
+    """Peak bytes per device and per phase, when the log has timings."""
+    records = memory(entries, step)
+    if not records:
+        return []
+    small = (", on CPUs tensors of 256 KiB or more: oneDNN's allocator serves smaller "
+             "ones unrecorded" if any("cpu:" in d for d in records) else "")
+    out = [f"  peak memory per device (tensors allocated during one {step} step{small}):"]
+    for device, record in sorted(records.items()):
+        phases = ", ".join(f"{phase} {record['phases'][phase]:,}"
+                           for phase in PHASES if phase in record["phases"])
+        out.append(f"    {device}: {record['peak_bytes']:,} bytes"
+                   + (f" (by phase: {phases})" if phases else ""))
+    return out
 
 
 def diff(a: Sequence[dict], b: Sequence[dict]) -> str:

@@ -48,14 +48,29 @@ class PlacementOptions:
         and eval steps, or None.
       strict: stop after the first captured step if any tower op ran outside
         its tower's device.
+      max_transfer_bytes: stop after the first captured train step if it
+        moved more bytes between devices than this.
+      timings: profile the second call of each captured step for the log's
+        timeline, memory and step analysis.
     """
 
     log_path: str | None = None
     strict: bool = False
+    max_transfer_bytes: int | None = None
+    timings: bool = True
+
+    def __post_init__(self):
+        if self.max_transfer_bytes is not None and (
+            not isinstance(self.max_transfer_bytes, int) or self.max_transfer_bytes < 0
+        ):
+            raise UsageError(
+                f"<max_transfer_bytes={self.max_transfer_bytes}> is not a byte count; "
+                "give an integer >= 0"
+            )
 
     @property
     def capture(self) -> bool:
-        return self.log_path is not None or self.strict
+        return self.log_path is not None or self.strict or self.max_transfer_bytes is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +186,8 @@ def train(
             options.placement.log_path,
             run_info(placement, options, model, towers.step.reducer),
             strict=options.placement.strict,
+            timings=options.placement.timings and options.placement.log_path is not None,
+            max_transfer_bytes=options.placement.max_transfer_bytes,
         )
         call = log.call
     if watchdog is not None:
@@ -196,5 +213,13 @@ def train(
             summaries.close()
     if options.placement.log_path:
         print(placement_report.summary(log.entries), file=stream)
+        for note in log.notes:
+            print(f"placement log: {note}", file=stream)
         print(f"placement log: {options.placement.log_path}", file=stream, flush=True)
+        if options.logdir:
+            from engine.placement import tensorboard
+
+            written = tensorboard.write(options.logdir, log.metadata, log.entries)
+            print(f"placement in TensorBoard: {written} (Graphs, tag placement/train; "
+                  "Color: Device or Compute time)", file=stream, flush=True)
     return history

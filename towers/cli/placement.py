@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
@@ -72,6 +73,83 @@ def render(log, output, step):
         raise UsageFailure(f"{log!r} has no {step} step; it holds: train, eval or neither")
     placement_render.render(entries, output, step)
     click.echo(f"wrote {output}")
+
+
+@tower_placement.command()
+@click.argument("log")
+@click.option("-o", "--output", required=True, help="out.json: a Chrome trace (trace event JSON).")
+@click.option("--step", default="train", show_default=True,
+              type=click.Choice(["train", "eval"]))
+def trace(log, output, step):
+    """Write the profiled step as a Chrome trace for Perfetto or chrome://tracing:
+    a track per device, ops as slices, transfers as arrows, memory as a counter."""
+    from engine.placement import report as placement_report
+    from engine.placement import trace as placement_trace
+
+    if not output.endswith(".json"):
+        raise UsageFailure(f"-o {output!r}: a trace is JSON; end the name with .json")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise UsageFailure(f"-o {output!r}: its directory does not exist")
+    entries = _load(log)
+    if placement_report.call(entries, step) is None:
+        raise UsageFailure(
+            f"{log!r} has no timings for the {step} step; they come from the step's second "
+            "call: write the log with a run of at least 2 steps (and 2 --eval-steps for eval)"
+        )
+    trace_json = placement_trace.chrome_trace(entries, step)
+    with open(output, "w") as stream:
+        json.dump(trace_json, stream)
+    slices = sum(1 for e in trace_json["traceEvents"] if e["ph"] == "X")
+    flows = sum(1 for e in trace_json["traceEvents"] if e["ph"] == "s")
+    click.echo(f"wrote {output}: {slices} ops, {flows} transfers; open it in "
+               "https://ui.perfetto.dev or chrome://tracing")
+
+
+def _budget_options(function):
+    options = [
+        click.option("--max-bytes", "max_bytes", multiple=True, metavar="SRC->DST=N",
+                     help="At most N bytes per step from SRC to DST, per device pair; "
+                          "* for any device. Repeatable."),
+        click.option("--max-total-bytes", type=click.IntRange(min=0), metavar="N",
+                     help="At most N bytes per step between all devices."),
+        click.option("--no-strays", is_flag=True, help="No tower op outside its device."),
+        click.option("--max-peak-memory", "max_peak_memory", multiple=True,
+                     metavar="DEVICE=N",
+                     help="Peak memory of DEVICE (* for any) at most N bytes. Repeatable."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@tower_placement.command()
+@click.argument("log")
+@click.option("--step", default="train", show_default=True,
+              type=click.Choice(["train", "eval"]))
+@_budget_options
+def check(log, step, max_bytes, max_total_bytes, no_strays, max_peak_memory):
+    """Check a step against budgets: exit 1 with a line per violation, 0 if none."""
+    from engine.placement import budgets
+
+    budget = budgets.Budget(
+        max_bytes=tuple(budgets.parse_pair(t, "max_bytes") for t in max_bytes),
+        max_total_bytes=max_total_bytes,
+        no_strays=no_strays,
+        max_peak_memory=tuple(budgets.parse_device(t, "max_peak_memory")
+                              for t in max_peak_memory),
+    )
+    if budget.empty:
+        raise UsageFailure("give at least one budget: --max-bytes, --max-total-bytes, "
+                           "--no-strays or --max-peak-memory")
+    entries = _load(log)
+    if not any(e.get("step") == step for e in entries):
+        raise UsageFailure(f"{log!r} has no {step} step")
+    over = budgets.violations(entries, budget, step)
+    for line in over:
+        click.echo(line)
+    if over:
+        sys.exit(1)
+    click.echo(f"{log}: the {step} step keeps to every budget")
 
 
 def main():

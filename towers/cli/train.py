@@ -73,7 +73,8 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
 FIT_FLAGS = (
     "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps", "metrics",
     "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume", "placement_log",
-    "strict_placement", "logdir", "profile_steps", "skip_nonfinite", "check_replicas",
+    "strict_placement", "max_transfer_bytes", "logdir", "profile_steps", "skip_nonfinite",
+    "check_replicas",
 )
 
 

@@ -246,6 +246,15 @@ _OPTIONS = [
         "tower's device.",
     ),
     click.option(
+        "--max-transfer-bytes",
+        default=None,
+        type=click.IntRange(min=0),
+        metavar="N",
+        help="Stop with exit 1 after the first train step if it moved more than N "
+        "bytes between devices (a traffic budget for CI; the placement log says "
+        "which tensors).",
+    ),
+    click.option(
         "--log-device-placement",
         is_flag=True,
         help="Also turn on TensorFlow's own device placement printout.",

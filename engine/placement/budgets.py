@@ -1,0 +1,141 @@
+"""Budgets for a captured step: bytes between devices, strays, peak memory.
+
+A budget is checked against a placement log, so a CI job can pin a model's
+traffic: `tower-placement check LOG --max-bytes '/cpu:1->/cpu:0=500000'` fails
+when the step moves more, naming the largest tensor over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from engine.errors import UsageError
+from engine.placement import report
+
+ANY = "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Limits on one step (per call of the step).
+
+    Attributes:
+      max_bytes: (source, destination, bytes): at most `bytes` from a device
+        matching `source` to one matching `destination`, per ordered pair of
+        devices; `*` matches any device.
+      max_total_bytes: at most this many bytes between all devices together.
+      no_strays: no op of a tower outside its tower's device.
+      max_peak_memory: (device, bytes): the peak memory of each device
+        matching `device` (`*` for any) at most `bytes`; needs the log's
+        timings.
+    """
+
+    max_bytes: tuple[tuple[str, str, int], ...] = ()
+    max_total_bytes: int | None = None
+    no_strays: bool = False
+    max_peak_memory: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        for _, _, limit in self.max_bytes:
+            _check_limit("max_bytes", limit)
+        if self.max_total_bytes is not None:
+            _check_limit("max_total_bytes", self.max_total_bytes)
+        for _, limit in self.max_peak_memory:
+            _check_limit("max_peak_memory", limit)
+
+    @property
+    def empty(self) -> bool:
+        return self == Budget()
+
+
+def _check_limit(name: str, limit) -> None:
+    if not isinstance(limit, int) or limit < 0:
+        raise UsageError(f"<{name}>: {limit!r} is not a byte count; give an integer >= 0")
+
+
+_PAIR = re.compile(r"^\s*(\S+?)\s*->\s*(\S+?)\s*=\s*(\d+)\s*$")
+_DEVICE = re.compile(r"^\s*(\S+?)\s*=\s*(\d+)\s*$")
+
+
+def parse_pair(text: str, name: str = "max_bytes") -> tuple[str, str, int]:
+    """`SRC->DST=N` as (SRC, DST, N).
+
+    Raises:
+      UsageError: naming `name` and the text when it is not of that form.
+    """
+    match = _PAIR.match(text)
+    if not match:
+        raise UsageError(
+            f"<{name}>: {text!r} is not SRC->DST=BYTES; for example '/cpu:1->/cpu:0=500000' "
+            "or '*->/cpu:0=1000000'"
+        )
+    return match.group(1), match.group(2), int(match.group(3))
+
+
+def parse_device(text: str, name: str = "max_peak_memory") -> tuple[str, int]:
+    """`DEVICE=N` as (DEVICE, N).
+
+    Raises:
+      UsageError: naming `name` and the text when it is not of that form.
+    """
+    match = _DEVICE.match(text)
+    if not match:
+        raise UsageError(
+            f"<{name}>: {text!r} is not DEVICE=BYTES; for example '/cpu:1=50000000' or '*=1000000000'"
+        )
+    return match.group(1), int(match.group(2))
+
+
+def _matches(pattern: str, device: str) -> bool:
+    return pattern == ANY or pattern == device
+
+
+def _largest(transfers: list[dict]) -> str:
+    biggest = max(transfers, key=lambda t: t["bytes"] or 0)
+    shape = "x".join(map(str, biggest["shape"] or [])) or "scalar"
+    return f"largest tensor {biggest['tensor']} ({biggest['dtype']}[{shape}], {biggest['bytes']:,} bytes)"
+
+
+def violations(entries: list[dict], budget: Budget, step: str = "train") -> list[str]:
+    """One line per limit of `budget` that `step` of the log goes over.
+
+    Returns:
+      The lines, empty when the step keeps to the budget.
+
+    Raises:
+      UsageError: `max_peak_memory` is set and the log has no memory records.
+    """
+    out = []
+    moved = report.transfers(entries, step)
+    data = [t for t in moved if t["bytes"]]
+    for src, dst, limit in budget.max_bytes:
+        pairs = sorted({(t["src"], t["dst"]) for t in data
+                        if _matches(src, t["src"]) and _matches(dst, t["dst"])})
+        for a, b in pairs:
+            these = [t for t in data if (t["src"], t["dst"]) == (a, b)]
+            total = sum(t["bytes"] for t in these)
+            if total > limit:
+                out.append(f"{a} -> {b}: {total:,} bytes per {step} step, over the budget "
+                           f"{src}->{dst}={limit:,}; {_largest(these)}")
+    if budget.max_total_bytes is not None:
+        total = sum(t["bytes"] for t in data)
+        if total > budget.max_total_bytes:
+            out.append(f"all devices: {total:,} bytes per {step} step, over the budget of "
+                       f"{budget.max_total_bytes:,}; {_largest(data)}")
+    if budget.no_strays:
+        out += [f"stray op {o['name']} ({o['op']}): {o['stray']}"
+                for o in report.strays(report.ops(entries, step))]
+    if budget.max_peak_memory:
+        peaks = report.memory(entries, step)
+        if not peaks:
+            raise UsageError(
+                "<max_peak_memory>: the log has no memory records (they come with the "
+                "second call of the step); write it with a run of at least 2 steps"
+            )
+        for pattern, limit in budget.max_peak_memory:
+            for device, record in sorted(peaks.items()):
+                if _matches(pattern, device) and record["peak_bytes"] > limit:
+                    out.append(f"{device}: peak memory {record['peak_bytes']:,} bytes in the "
+                               f"{step} step, over the budget {pattern}={limit:,}")
+    return out

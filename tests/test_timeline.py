@@ -1,0 +1,189 @@
+"""The placement timeline: Chrome trace, step analysis, memory, reasons, budgets.
+
+Most tests capture a hand-built two-tower step in this process, whose work is
+known: tower 1 runs a 16x larger matmul than tower 0, and its largest
+activations are derived here. One end-to-end run covers what only the
+command line shows (`tower-placement trace` and `check`, `--max-transfer-bytes`).
+"""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from engine.placement import analysis, budgets, report
+from engine.placement import log as placement
+from engine.placement import trace as placement_trace
+
+ROWS = 256  # x is [ROWS, ROWS] float32
+SCALE = (1, 16)  # tower k tiles x SCALE[k] times before its matmul
+
+
+def _info(towers=("/cpu:0", "/cpu:1")):
+    return placement.RunInfo(
+        towers=towers, reduce_device="/cpu:0", parameters=ROWS * ROWS,
+        parameter_bytes=4 * ROWS * ROWS, batch_size=ROWS, model="test",
+    )
+
+
+def _two_towers(colocate: bool = False):
+    """A step: tower k (on /cpu:k) tiles x SCALE[k] times, multiplies by a
+    variable on /cpu:0 and sums the rows; the reduce sums the towers'."""
+    with tf.device("/cpu:0"):
+        w = tf.Variable(tf.random.normal([ROWS, ROWS], seed=1), name="w")
+
+    @tf.function
+    def step(x):
+        outs = []
+        for k, n in enumerate(SCALE):
+            with tf.device(f"/cpu:{k}"), tf.name_scope(f"tower_{k}"):
+                tiled = tf.tile(x, [n, 1])
+                product = tf.matmul(tiled, w)
+                total = tf.reduce_sum(product, axis=0)
+                if colocate and k == 1:
+                    with tf.compat.v1.colocate_with(w):
+                        total = total * 2.0
+                outs.append(total)
+        with tf.device("/cpu:0"), tf.name_scope("reduce"):
+            return tf.add_n(outs)
+
+    return step, w
+
+
+@pytest.fixture(scope="module")
+def timed():
+    """The log of the two-tower step: captured, then profiled."""
+    step, _ = _two_towers()
+    x = tf.random.normal([ROWS, ROWS], seed=2)
+    log = placement.PlacementLog(None, _info())
+    for _ in range(3):
+        log.call("train", step, x)
+    return log.entries
+
+
+def test_the_second_call_is_profiled_once(timed):
+    assert len([e for e in timed if e["kind"] == "call"]) == 1
+    names = {s["name"] for s in report.slices(timed, "train")}
+    assert {"tower_0/MatMul", "tower_1/MatMul", "reduce/AddN"} <= names
+    devices = {s["name"]: s["device"] for s in report.slices(timed, "train")}
+    assert devices["tower_1/MatMul"] == "/cpu:1" and devices["reduce/AddN"] == "/cpu:0"
+
+
+def test_trace_has_a_track_per_device_and_slices_inside_the_step(timed):
+    trace = placement_trace.chrome_trace(timed, "train")
+    json.dumps(trace)  # what -o writes
+    events = trace["traceEvents"]
+    processes = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    assert set(processes) == {"/cpu:0", "/cpu:1"}
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert (processes["/cpu:1"], "tower 1") in threads
+    assert (processes["/cpu:0"], "reduce") in threads
+    wall = report.call(timed, "train")["dur_us"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == len(report.slices(timed, "train")) > 10
+    for e in slices:
+        assert 0 <= e["ts"] and e["ts"] + e["dur"] <= wall + 1e-3, e
+
+
+def test_every_data_transfer_is_a_flow_pair_with_its_bytes(timed):
+    events = placement_trace.chrome_trace(timed, "train")["traceEvents"]
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts.keys() == ends.keys()
+    data = [t for t in report.transfers(timed, "train") if not t["control"]]
+    # w to tower 1, x to tower 1, tower 1's sums to the reduce.
+    assert len(data) == len(starts) == 3
+    flows = sorted((s["args"]["tensor"], s["args"]["bytes"]) for s in starts.values())
+    assert flows == sorted((t["tensor"], t["bytes"]) for t in data)
+    assert sum(b for _, b in flows) == 2 * 4 * ROWS * ROWS + 4 * ROWS
+    pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    for i, start in starts.items():
+        assert (start["pid"], ends[i]["pid"]) in {
+            (pids[start["args"]["src"]], pids[start["args"]["dst"]])
+        }
+
+
+def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
+    found = analysis.analyse(timed, "train")
+    by_device = {d.device: d for d in found.devices}
+    assert by_device["/cpu:1"].longest[0]["name"] == "tower_1/MatMul"
+    path = [link.name for link in found.critical_path]
+    assert "tower_1/MatMul" in path and "tower_0/MatMul" not in path
+    assert path[-1] == "reduce/AddN"
+    # The path crosses devices through tower 1's send of its sums.
+    sends = [link for link in found.critical_path if link.transfer]
+    assert any(link.transfer == f"/cpu:1 -> /cpu:0, {4 * ROWS:,} bytes" for link in sends)
+    busy = by_device["/cpu:1"].busy_us
+    assert 0 < busy <= found.wall_us and by_device["/cpu:1"].idle_us == pytest.approx(
+        found.wall_us - busy, abs=1e-3)
+    text = report.summary(timed)
+    assert "critical path:" in text and "tower_1/MatMul (_MklMatMul)" in text
+
+
+def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
+    # Tower 1 holds its tiled x and the matmul's product at once: 2 x
+    # [16*256, 256] float32; everything else it makes is a few KB.
+    derived = 2 * SCALE[1] * ROWS * ROWS * 4
+    peaks = report.memory(timed, "train")
+    assert peaks["/cpu:1"]["peak_bytes"] == pytest.approx(derived, rel=0.25)
+    assert peaks["/cpu:1"]["phases"]["forward"] == peaks["/cpu:1"]["peak_bytes"]
+    # Tower 0's matmul is 16 times smaller.
+    assert peaks["/cpu:0"]["peak_bytes"] < derived / 4
+    counters = [e for e in placement_trace.chrome_trace(timed)["traceEvents"] if e["ph"] == "C"]
+    assert max(e["args"]["bytes"] for e in counters) == peaks["/cpu:1"]["peak_bytes"]
+    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in report.summary(timed)
+
+
+def test_reasons_name_the_variable_an_op_was_colocated_with():
+    step, _ = _two_towers(colocate=True)
+    log = placement.PlacementLog(None, _info())
+    log.call("train", step, tf.ones([ROWS, ROWS]))
+    moved = {o["name"]: o for o in report.ops(log.entries, "train") if o["reason"]}
+    colocated = moved["tower_1/mul"]
+    assert colocated["assigned"] == "/cpu:0"
+    assert colocated["reason"].startswith("colocated with variable w on /cpu:0")
+    read = [o for o in moved.values() if o["op"] == "ReadVariableOp" and o["tower"] == 1]
+    assert read and all("variable w on /cpu:0" in o["reason"] for o in read)
+    text = report.summary(log.entries)
+    assert ("2 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with variable w on "
+            "/cpu:0 (a colocation constraint)") in text, text
+
+
+def test_an_op_asked_for_no_device_says_so():
+    @tf.function
+    def step(x):
+        with tf.device("/cpu:1"), tf.name_scope("tower_1"):
+            y = x * 2.0
+        with tf.name_scope("tower_1"):
+            return y + 1.0  # built outside the tower's device scope
+
+    log = placement.PlacementLog(None, _info())
+    log.call("train", step, tf.ones([4]))
+    moved = [o for o in report.ops(log.entries, "train") if o["reason"]]
+    assert moved, report.summary(log.entries)
+    assert all(o["reason"].startswith("no device requested") for o in moved)
+
+
+def test_budget_fails_below_the_measured_bytes_naming_the_largest_tensor(timed):
+    moved = report.matrix(timed, "train")
+    into = moved[("/cpu:0", "/cpu:1")]
+    assert into == 2 * 4 * ROWS * ROWS
+    over = budgets.violations(timed, budgets.Budget(max_bytes=(("*", "/cpu:1", into - 1),)))
+    assert len(over) == 1
+    assert over[0].startswith(f"/cpu:0 -> /cpu:1: {into:,} bytes per train step, over")
+    assert f"float32[{ROWS}x{ROWS}], {4 * ROWS * ROWS:,} bytes" in over[0]
+    assert budgets.violations(timed, budgets.Budget(max_bytes=(("*", "*", into),))) == []
+    total = sum(moved.values())
+    assert budgets.violations(timed, budgets.Budget(max_total_bytes=total)) == []
+    assert len(budgets.violations(timed, budgets.Budget(max_total_bytes=total - 1))) == 1
+    peak = report.memory(timed, "train")["/cpu:1"]["peak_bytes"]
+    assert budgets.violations(timed, budgets.Budget(max_peak_memory=(("/cpu:1", peak),))) == []
+    assert budgets.violations(
+        timed, budgets.Budget(max_peak_memory=(("*", peak - 1),))
+    ) == [f"/cpu:1: peak memory {peak:,} bytes in the train step, over the budget *={peak - 1:,}"]
+
+
+@pytest.mark.parametrize("text", ["cpu:0", "/cpu:0->=5", "a->b=-1", "a->b=1e6"])
+def test_a_malformed_byte_budget_names_the_argument(text):
+    with pytest.raises(ValueError, match=rf"^max_bytes: '{text}' is not SRC->DST=BYTES"):
+        budgets.parse_pair(text)
