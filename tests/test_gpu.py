@@ -177,6 +177,57 @@ def test_placement_log_of_gpu_towers(mnist_dir, tmp_path):
     info = placement_report.run_info(entries)
     moved = sum(placement_report.matrix(entries, "train").values())
     assert moved == pytest.approx(placement_report.expected_bytes(info, "train"), rel=0.01)
+    # The second step was profiled: each GPU tower's ops have timings, and its
+    # device allocated (the GPU allocator records every allocation).
+    slices = placement_report.slices(entries, "train")
+    for k in range(2):
+        assert any(s["device"] == f"/gpu:{k}" and s["name"].startswith(f"tower_{k}/")
+                   for s in slices)
+        assert placement_report.memory(entries, "train")[f"/gpu:{k}"]["peak_bytes"] > 0
+    trace = tmp_path / "step.json"
+    made = run_cli("tower-placement", "trace", str(log), "-o", str(trace))
+    assert made.returncode == 0, made.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {"/gpu:0", "/gpu:1", "/cpu:0"} <= {e["args"]["name"] for e in events
+                                               if e["name"] == "process_name"}
+
+
+def test_gpu_step_memory_and_an_int32_kept_in_host_memory():
+    """On a GPU tower: its peak memory is its two largest activations (within
+    25%: GPU allocators record every allocation), and an int32 it sends to the
+    host goes through host memory, which the log says."""
+    from engine.placement import log as placement
+
+    with tf.device("/cpu:0"):
+        w = tf.Variable(tf.random.normal([256, 256], seed=1), name="w")
+
+    # Rows unknown until run time, so the int32 shape is computed on the GPU
+    # (not folded into a constant), and its kernel keeps it in host memory.
+    @tf.function(input_signature=[tf.TensorSpec([None, 256], tf.float32)])
+    def step(x):
+        with tf.device("/gpu:1"), tf.name_scope("tower_1"):
+            tiled = tf.tile(x, [16, 1])
+            product = tf.matmul(tiled, w)
+            total = tf.reduce_sum(product, axis=0)
+            rows = tf.shape(product)[0]
+        with tf.device("/cpu:0"), tf.name_scope("reduce"):
+            return total * tf.cast(rows, tf.float32)
+
+    log = placement.PlacementLog(None, placement.RunInfo(
+        towers=("/cpu:0", "/gpu:1"), reduce_device="/cpu:0", parameters=256 * 256,
+        parameter_bytes=4 * 256 * 256, batch_size=256, model="test"))
+    x = tf.random.normal([256, 256], seed=2)
+    for _ in range(2):
+        log.call("train", step, x)
+    derived = 2 * 16 * 256 * 256 * 4  # the tiled x and the product, at once
+    peak = placement_report.memory(log.entries, "train")["/gpu:1"]["peak_bytes"]
+    assert peak == pytest.approx(derived, rel=0.25)
+    host = [t for t in placement_report.transfers(log.entries, "train") if t["via"] == "_HostSend"]
+    assert host and all(t["dtype"] == "int32" and t["src"] == "/gpu:1" for t in host)
+    assert host[0]["reason"] == ("int32 tensor kept in host memory by a /gpu:1 kernel "
+                                 "(GPU kernels take and give int32 in host memory)")
+    slices = {s["name"]: s["device"] for s in placement_report.slices(log.entries, "train")}
+    assert slices["tower_1/MatMul"] == "/gpu:1"
 
 
 def test_nccl_on_logical_gpus_of_one_gpu_is_refused_in_one_line():

@@ -1,8 +1,9 @@
 """Timings and allocations of one call, from TensorFlow's profiler.
 
 Run metadata gives where each op ran but not when; the profiler
-(`tf.profiler.experimental`) records every executed kernel as an event named
-`<node name>:<op type>` on the thread that ran it, and every allocation and
+(`tf.profiler.experimental`) records every executed CPU kernel as an event
+named `<node name>:<op type>` on the thread that ran it, every GPU kernel and
+copy on its stream with the op that ran it (`tf_op`), and every allocation and
 free of TensorFlow's allocators as `MemoryAllocation` / `MemoryDeallocation`
 events that name the op (`tf_op`), the address and the requested bytes. Both
 are read from the XSpace file the profiler writes (sizes as requested, not as
@@ -11,7 +12,9 @@ the partitioned graphs, so they join the placement log's records by name.
 
 Logical CPU devices share one allocator, so an allocation is given to a
 device through the op that made it (the placement log knows its device); a
-free is matched to its allocation by address.
+free is matched to its allocation by address. A GPU's allocator is its own
+(`GPU_1_bfc`), which places allocations no node made (a received tensor's
+buffer, `SameWorkerRecvDone`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Allocation:
     time_us: float
     bytes: int
     op: str | None
+    allocator: str = ""  # "mklcpu", "GPU_1_bfc", ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +117,9 @@ def _read(space):
     run = None
     raw: list[tuple[float, str, dict]] = []
     for plane in space.planes:
+        if plane.name.startswith("/device:GPU:"):
+            slices += _gpu_slices(plane)
+            continue
         if plane.name != "/host:CPU":
             continue
         events = {k: v.name for k, v in plane.event_metadata.items()}
@@ -139,6 +146,32 @@ def _read(space):
     return slices, _allocations(raw), run
 
 
+def _gpu_slices(plane) -> list[Slice]:
+    """A GPU's kernels and copies, by the op that ran them (`tf_op` stat: the
+    node name and type). The host events of GPU ops are only their launches;
+    these are the work itself, on the GPU's streams. Consecutive kernels of
+    one op on one stream are one slice."""
+    stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+    out: list[Slice] = []
+    for line in plane.lines:
+        base_us = line.timestamp_ns / 1000.0
+        last: Slice | None = None
+        for event in line.events:
+            tf_op = next((_stat_value(s, stat_names) for s in event.stats
+                          if stat_names.get(s.metadata_id) == "tf_op"), None)
+            node, sep, op = (tf_op or "").rpartition(":")
+            if not sep or not node:
+                continue
+            start = base_us + event.offset_ps / 1e6
+            end = start + event.duration_ps / 1e6
+            if last is not None and last.name == node:
+                out[-1] = last = dataclasses.replace(last, dur_us=end - last.start_us)
+                continue
+            last = Slice(node, op, start, end - start, line.id)
+            out.append(last)
+    return out
+
+
 def _allocations(raw) -> list[Allocation]:
     out = []
     owners: dict[int, tuple[str, int]] = {}
@@ -148,8 +181,8 @@ def _allocations(raw) -> list[Allocation]:
             size = int(stats.get("requested_bytes") or stats.get("allocation_bytes") or 0)
             op = stats.get("tf_op") or None
             owners[addr] = (op, size)
-            out.append(Allocation(time_us, size, op))
+            out.append(Allocation(time_us, size, op, stats.get("allocator_name") or ""))
         else:
             op, size = owners.pop(addr, (None, int(stats.get("requested_bytes") or 0)))
-            out.append(Allocation(time_us, -size, op))
+            out.append(Allocation(time_us, -size, op, stats.get("allocator_name") or ""))
     return out

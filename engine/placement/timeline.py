@@ -29,6 +29,7 @@ run times; the device's own kernel events are not read.
 from __future__ import annotations
 
 import collections
+import re
 
 from engine.core import scopes
 from engine.placement.profile import Profile
@@ -58,6 +59,19 @@ def records(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
     return out
 
 
+_GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+
+
+def _gpu_of(allocation) -> str | None:
+    """`/gpu:1` for an allocation of GPU 1's allocator that no node of the
+    step made (a received tensor's buffer); None otherwise. Only allocations
+    made during the call are counted, and frees of earlier ones are not."""
+    match = _GPU_ALLOCATOR.match(allocation.allocator)
+    if not match or (allocation.bytes < 0 and allocation.op is None):
+        return None
+    return f"/gpu:{match.group(1)}"
+
+
 def memory(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
     """One `memory` record per device that allocated during the call."""
     start = profile.call_start_us
@@ -66,7 +80,7 @@ def memory(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
     phases: dict[str, dict[str, int]] = collections.defaultdict(dict)
     samples: dict[str, list[list[float]]] = collections.defaultdict(list)
     for allocation in profile.allocations:
-        device = devices.get(allocation.op or "")
+        device = devices.get(allocation.op or "") or _gpu_of(allocation)
         if device is None:
             continue  # made before the call, or by no node of this function
         in_use[device] += allocation.bytes
@@ -74,7 +88,7 @@ def memory(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
         samples[device].append([round(allocation.time_us - start, 3), now])
         peaks[device] = max(peaks[device], now)
         if allocation.bytes > 0:
-            phase = scopes.phase(allocation.op)
+            phase = scopes.phase(allocation.op or "")
             phases[device][phase] = max(phases[device].get(phase, 0), now)
     return [
         {"kind": "memory", "step": step, "device": device, "peak_bytes": peaks[device],
