@@ -15,14 +15,14 @@ from engine.placement import analysis, budgets, report
 from engine.placement import log as placement
 from engine.placement import trace as placement_trace
 
-ROWS = 256  # x is [ROWS, ROWS] float32
+ROWS, INNER = 256, 1024  # x is [ROWS, INNER] float32, w [INNER, ROWS]
 SCALE = (1, 16)  # tower k tiles x SCALE[k] times before its matmul
 
 
 def _info(towers=("/cpu:0", "/cpu:1")):
     return placement.RunInfo(
-        towers=towers, reduce_device="/cpu:0", parameters=ROWS * ROWS,
-        parameter_bytes=4 * ROWS * ROWS, batch_size=ROWS, model="test",
+        towers=towers, reduce_device="/cpu:0", parameters=INNER * ROWS,
+        parameter_bytes=4 * INNER * ROWS, batch_size=ROWS, model="test",
     )
 
 
@@ -30,7 +30,7 @@ def _two_towers(colocate: bool = False):
     """A step: tower k (on /cpu:k) tiles x SCALE[k] times, multiplies by a
     variable on /cpu:0 and sums the rows; the reduce sums the towers'."""
     with tf.device("/cpu:0"):
-        w = tf.Variable(tf.random.normal([ROWS, ROWS], seed=1), name="w")
+        w = tf.Variable(tf.random.normal([INNER, ROWS], seed=1), name="w")
 
     @tf.function
     def step(x):
@@ -54,7 +54,7 @@ def _two_towers(colocate: bool = False):
 def timed():
     """The log of the two-tower step: captured, then profiled."""
     step, _ = _two_towers()
-    x = tf.random.normal([ROWS, ROWS], seed=2)
+    x = tf.random.normal([ROWS, INNER], seed=2)
     log = placement.PlacementLog(None, _info())
     for _ in range(3):
         log.call("train", step, x)
@@ -95,7 +95,7 @@ def test_every_data_transfer_is_a_flow_pair_with_its_bytes(timed):
     assert len(data) == len(starts) == 3
     flows = sorted((s["args"]["tensor"], s["args"]["bytes"]) for s in starts.values())
     assert flows == sorted((t["tensor"], t["bytes"]) for t in data)
-    assert sum(b for _, b in flows) == 2 * 4 * ROWS * ROWS + 4 * ROWS
+    assert sum(b for _, b in flows) == 2 * 4 * ROWS * INNER + 4 * ROWS
     pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
     for i, start in starts.items():
         assert (start["pid"], ends[i]["pid"]) in {
@@ -121,9 +121,9 @@ def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
 
 
 def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
-    # Tower 1 holds its tiled x and the matmul's product at once: 2 x
-    # [16*256, 256] float32; everything else it makes is a few KB.
-    derived = 2 * SCALE[1] * ROWS * ROWS * 4
+    # Tower 1 holds its tiled x, [16*256, 1024], and the matmul's product,
+    # [16*256, 256], at once (float32); everything else it makes is a few KB.
+    derived = 4 * SCALE[1] * ROWS * (INNER + ROWS)
     peaks = report.memory(timed, "train")
     assert peaks["/cpu:1"]["peak_bytes"] == pytest.approx(derived, rel=0.25)
     assert peaks["/cpu:1"]["phases"]["forward"] == peaks["/cpu:1"]["peak_bytes"]
@@ -137,7 +137,7 @@ def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
 def test_reasons_name_the_variable_an_op_was_colocated_with():
     step, _ = _two_towers(colocate=True)
     log = placement.PlacementLog(None, _info())
-    log.call("train", step, tf.ones([ROWS, ROWS]))
+    log.call("train", step, tf.ones([ROWS, INNER]))
     moved = {o["name"]: o for o in report.ops(log.entries, "train") if o["reason"]}
     colocated = moved["tower_1/mul"]
     assert colocated["assigned"] == "/cpu:0"
@@ -167,11 +167,11 @@ def test_an_op_asked_for_no_device_says_so():
 def test_budget_fails_below_the_measured_bytes_naming_the_largest_tensor(timed):
     moved = report.matrix(timed, "train")
     into = moved[("/cpu:0", "/cpu:1")]
-    assert into == 2 * 4 * ROWS * ROWS
+    assert into == 2 * 4 * ROWS * INNER
     over = budgets.violations(timed, budgets.Budget(max_bytes=(("*", "/cpu:1", into - 1),)))
     assert len(over) == 1
     assert over[0].startswith(f"/cpu:0 -> /cpu:1: {into:,} bytes per train step, over")
-    assert f"float32[{ROWS}x{ROWS}], {4 * ROWS * ROWS:,} bytes" in over[0]
+    assert over[0].endswith(f", {4 * ROWS * INNER:,} bytes)")  # x or w, the same size
     assert budgets.violations(timed, budgets.Budget(max_bytes=(("*", "*", into),))) == []
     total = sum(moved.values())
     assert budgets.violations(timed, budgets.Budget(max_total_bytes=total)) == []

@@ -58,19 +58,22 @@ _PAIR = re.compile(r"^\s*(\S+?)\s*->\s*(\S+?)\s*=\s*(\d+)\s*$")
 _DEVICE = re.compile(r"^\s*(\S+?)\s*=\s*(\d+)\s*$")
 
 
+def _parse(pattern: re.Pattern, text: str, name: str, form: str, examples: str) -> tuple:
+    match = pattern.match(text)
+    if not match:
+        raise UsageError(f"<{name}>: {text!r} is not {form}; for example {examples}")
+    *devices, limit = match.groups()
+    return (*devices, int(limit))
+
+
 def parse_pair(text: str, name: str = "max_bytes") -> tuple[str, str, int]:
     """`SRC->DST=N` as (SRC, DST, N).
 
     Raises:
       UsageError: naming `name` and the text when it is not of that form.
     """
-    match = _PAIR.match(text)
-    if not match:
-        raise UsageError(
-            f"<{name}>: {text!r} is not SRC->DST=BYTES; for example '/cpu:1->/cpu:0=500000' "
-            "or '*->/cpu:0=1000000'"
-        )
-    return match.group(1), match.group(2), int(match.group(3))
+    return _parse(_PAIR, text, name, "SRC->DST=BYTES",
+                  "'/cpu:1->/cpu:0=500000' or '*->/cpu:0=1000000'")
 
 
 def parse_device(text: str, name: str = "max_peak_memory") -> tuple[str, int]:
@@ -79,12 +82,7 @@ def parse_device(text: str, name: str = "max_peak_memory") -> tuple[str, int]:
     Raises:
       UsageError: naming `name` and the text when it is not of that form.
     """
-    match = _DEVICE.match(text)
-    if not match:
-        raise UsageError(
-            f"<{name}>: {text!r} is not DEVICE=BYTES; for example '/cpu:1=50000000' or '*=1000000000'"
-        )
-    return match.group(1), int(match.group(2))
+    return _parse(_DEVICE, text, name, "DEVICE=BYTES", "'/cpu:1=50000000' or '*=1000000000'")
 
 
 def _matches(pattern: str, device: str) -> bool:

@@ -28,6 +28,22 @@ def _load(path: str) -> list[dict]:
     return entries
 
 
+def _load_step(path: str, step: str) -> list[dict]:
+    """The log at `path`, which must hold `step`."""
+    entries = _load(path)
+    if not any(e.get("step") == step for e in entries):
+        raise UsageFailure(f"{path!r} has no {step} step; it holds: train, eval or neither")
+    return entries
+
+
+def _check_output(output: str, suffixes: tuple[str, ...], fix: str) -> None:
+    """-o must end with one of `suffixes` and lie in a directory that exists."""
+    if not output.endswith(suffixes):
+        raise UsageFailure(f"-o {output!r}: {fix}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise UsageFailure(f"-o {output!r}: its directory does not exist")
+
+
 @click.group(name="tower-placement", cls=OneLineGroup)
 def tower_placement():
     """Read, compare and draw tower-train placement logs."""
@@ -61,16 +77,10 @@ def render(log, output, step):
     """Draw devices as boxes and transfers as arrows labelled with bytes per step."""
     from engine.placement import render as placement_render
 
-    if not output.endswith(placement_render.FORMATS):
-        raise UsageFailure(
-            f"-o {output!r}: the picture is written as "
-            f"{', '.join(placement_render.FORMATS)}; end the name with one of them"
-        )
-    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise UsageFailure(f"-o {output!r}: its directory does not exist")
-    entries = _load(log)
-    if not any(e.get("step") == step for e in entries):
-        raise UsageFailure(f"{log!r} has no {step} step; it holds: train, eval or neither")
+    _check_output(output, placement_render.FORMATS,
+                  f"the picture is written as {', '.join(placement_render.FORMATS)}; end the "
+                  "name with one of them")
+    entries = _load_step(log, step)
     placement_render.render(entries, output, step)
     click.echo(f"wrote {output}")
 
@@ -86,11 +96,8 @@ def trace(log, output, step):
     from engine.placement import report as placement_report
     from engine.placement import trace as placement_trace
 
-    if not output.endswith(".json"):
-        raise UsageFailure(f"-o {output!r}: a trace is JSON; end the name with .json")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise UsageFailure(f"-o {output!r}: its directory does not exist")
-    entries = _load(log)
+    _check_output(output, (".json",), "a trace is JSON; end the name with .json")
+    entries = _load_step(log, step)
     if placement_report.call(entries, step) is None:
         raise UsageFailure(
             f"{log!r} has no timings for the {step} step; they come from the step's second "
@@ -141,10 +148,7 @@ def check(log, step, max_bytes, max_total_bytes, no_strays, max_peak_memory):
     if budget.empty:
         raise UsageFailure("give at least one budget: --max-bytes, --max-total-bytes, "
                            "--no-strays or --max-peak-memory")
-    entries = _load(log)
-    if not any(e.get("step") == step for e in entries):
-        raise UsageFailure(f"{log!r} has no {step} step")
-    over = budgets.violations(entries, budget, step)
+    over = budgets.violations(_load_step(log, step), budget, step)
     for line in over:
         click.echo(line)
     if over:
