@@ -15,14 +15,16 @@ from engine.placement import analysis, budgets, report
 from engine.placement import log as placement
 from engine.placement import trace as placement_trace
 
-ROWS, INNER = 256, 1024  # x is [ROWS, INNER] float32, w [INNER, ROWS]
+ROWS, INNER, COLS = 256, 1024, 1024  # x is [ROWS, INNER] float32, w [INNER, COLS]
 SCALE = (1, 16)  # tower k tiles x SCALE[k] times before its matmul
+# Tower 1's matmul (4G multiply-adds) is 250 times the work of its tile or sum:
+# on a busy 2-core machine a descheduled small op cannot outlast it.
 
 
 def _info(towers=("/cpu:0", "/cpu:1")):
     return placement.RunInfo(
-        towers=towers, reduce_device="/cpu:0", parameters=INNER * ROWS,
-        parameter_bytes=4 * INNER * ROWS, batch_size=ROWS, model="test",
+        towers=towers, reduce_device="/cpu:0", parameters=INNER * COLS,
+        parameter_bytes=4 * INNER * COLS, batch_size=ROWS, model="test",
     )
 
 
@@ -30,7 +32,7 @@ def _two_towers(colocate: bool = False):
     """A step: tower k (on /cpu:k) tiles x SCALE[k] times, multiplies by a
     variable on /cpu:0 and sums the rows; the reduce sums the towers'."""
     with tf.device("/cpu:0"):
-        w = tf.Variable(tf.random.normal([INNER, ROWS], seed=1), name="w")
+        w = tf.Variable(tf.random.normal([INNER, COLS], seed=1), name="w")
 
     @tf.function
     def step(x):
@@ -95,7 +97,7 @@ def test_every_data_transfer_is_a_flow_pair_with_its_bytes(timed):
     assert len(data) == len(starts) == 3
     flows = sorted((s["args"]["tensor"], s["args"]["bytes"]) for s in starts.values())
     assert flows == sorted((t["tensor"], t["bytes"]) for t in data)
-    assert sum(b for _, b in flows) == 2 * 4 * ROWS * INNER + 4 * ROWS
+    assert sum(b for _, b in flows) == 4 * (ROWS * INNER + INNER * COLS + COLS)
     pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
     for i, start in starts.items():
         assert (start["pid"], ends[i]["pid"]) in {
@@ -112,7 +114,7 @@ def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
     assert path[-1] == "reduce/AddN"
     # The path crosses devices through tower 1's send of its sums.
     sends = [link for link in found.critical_path if link.transfer]
-    assert any(link.transfer == f"/cpu:1 -> /cpu:0, {4 * ROWS:,} bytes" for link in sends)
+    assert any(link.transfer == f"/cpu:1 -> /cpu:0, {4 * COLS:,} bytes" for link in sends)
     busy = by_device["/cpu:1"].busy_us
     assert 0 < busy <= found.wall_us and by_device["/cpu:1"].idle_us == pytest.approx(
         found.wall_us - busy, abs=1e-3)
@@ -122,8 +124,8 @@ def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
 
 def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
     # Tower 1 holds its tiled x, [16*256, 1024], and the matmul's product,
-    # [16*256, 256], at once (float32); everything else it makes is a few KB.
-    derived = 4 * SCALE[1] * ROWS * (INNER + ROWS)
+    # [16*256, 1024], at once (float32); everything else it makes is a few KB.
+    derived = 4 * SCALE[1] * ROWS * (INNER + COLS)
     peaks = report.memory(timed, "train")
     assert peaks["/cpu:1"]["peak_bytes"] == pytest.approx(derived, rel=0.25)
     assert peaks["/cpu:1"]["phases"]["forward"] == peaks["/cpu:1"]["peak_bytes"]
@@ -167,11 +169,11 @@ def test_an_op_asked_for_no_device_says_so():
 def test_budget_fails_below_the_measured_bytes_naming_the_largest_tensor(timed):
     moved = report.matrix(timed, "train")
     into = moved[("/cpu:0", "/cpu:1")]
-    assert into == 2 * 4 * ROWS * INNER
+    assert into == 4 * (ROWS * INNER + INNER * COLS)  # x and w
     over = budgets.violations(timed, budgets.Budget(max_bytes=(("*", "/cpu:1", into - 1),)))
     assert len(over) == 1
     assert over[0].startswith(f"/cpu:0 -> /cpu:1: {into:,} bytes per train step, over")
-    assert over[0].endswith(f", {4 * ROWS * INNER:,} bytes)")  # x or w, the same size
+    assert over[0].endswith(f"float32[{INNER}x{COLS}], {4 * INNER * COLS:,} bytes)")  # w
     assert budgets.violations(timed, budgets.Budget(max_bytes=(("*", "*", into),))) == []
     total = sum(moved.values())
     assert budgets.violations(timed, budgets.Budget(max_total_bytes=total)) == []
