@@ -189,3 +189,29 @@ def test_budget_fails_below_the_measured_bytes_naming_the_largest_tensor(timed):
 def test_a_malformed_byte_budget_names_the_argument(text):
     with pytest.raises(ValueError, match=rf"^max_bytes: '{text}' is not SRC->DST=BYTES"):
         budgets.parse_pair(text)
+
+
+def test_a_budget_names_devices_as_the_log_does(timed):
+    with pytest.raises(ValueError, match=r"^max_bytes: 'cpu:1' is not a device as the log "
+                       r"names them; write /cpu:1, or \*$"):
+        budgets.Budget(max_bytes=(("cpu:1", "*", 5),))
+    with pytest.raises(ValueError, match=r"^max_bytes: /cpu:7 is not a device of the train "
+                       r"step; it has /cpu:0, /cpu:1$"):
+        budgets.violations(timed, budgets.Budget(max_bytes=(("/cpu:7", "*", 5),)))
+    with pytest.raises(ValueError, match=r"^the log has no eval step; it holds: train$"):
+        budgets.violations(timed, budgets.Budget(max_total_bytes=5), "eval")
+
+
+def test_only_a_call_of_the_captured_function_is_timed():
+    """The loop of steps and the single step are both `train` calls: timings
+    join by node name, so only the function that was captured is profiled."""
+    step, _ = _two_towers()
+    other, _ = _two_towers()
+    x = tf.ones([ROWS, INNER])
+    log = placement.PlacementLog(None, _info())
+    log.call("train", step, x)
+    log.call("train", other, x)
+    assert report.call(log.entries, "train") is None
+    log.call("train", step, x)
+    assert report.call(log.entries, "train")["steps"] == 1
+    assert not log.notes

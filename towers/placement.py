@@ -81,7 +81,7 @@ def write_trace(log: list[dict], path: str, step: str = "train") -> dict:
       The trace that was written (`{"traceEvents": [...]}`).
 
     Raises:
-      ValueError: the log has no timings for `step`.
+      UsageError: the log has no timings for `step`.
     """
     trace = _trace.chrome_trace(log, step)
     with open(path, "w") as stream:
@@ -102,7 +102,8 @@ def check(log: list[dict], budget: Budget, step: str = "train") -> list[str]:
       it; empty when the step keeps to the budget.
 
     Raises:
-      UsageError: `budget.max_peak_memory` is set and the log has no memory
-        records.
+      UsageError: the log has no `step`; a device of `budget` is not one of
+        the step's; `budget.max_peak_memory` is set and the log has no
+        memory records. Transfers of unknown size are not counted.
     """
     return budgets.violations(log, budget, step)

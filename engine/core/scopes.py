@@ -61,6 +61,7 @@ def input_tower(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# The parts of a step, in the order they run (`phase`).
 PHASES = ("input", "forward", "backward", "reduce", "update", "other")
 
 
@@ -77,4 +78,3 @@ def phase(name: str) -> str:
     if match:
         return UPDATE if match.group(0).removeprefix("gradient_tape/").startswith(UPDATE) else REDUCE
     return "other"
-

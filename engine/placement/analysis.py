@@ -68,12 +68,15 @@ class Analysis:
       devices: how each device spent it.
       critical_path: the chain of ops and sends that set its length, first
         to last.
+      steps: the steps the call ran (several with --steps-per-loop; the
+        critical path follows the first).
     """
 
     step: str
     wall_us: float
     devices: list[DeviceTime]
     critical_path: list[Link]
+    steps: int = 1
 
 
 class _Graph:
@@ -110,13 +113,24 @@ class _Graph:
         seen.add(name)
         found = self._untimed.get(name)
         if found is None:
-            found = [t for source in self.inputs.get(name, []) for t in self._timed(source, seen)]
+            if name in self.by_send:  # an untimed send: through to its tensor's op
+                sources = [self.by_send[name]["tensor"].split(":")[0]]
+            else:
+                sources = self.inputs.get(name, [])
+            found = [t for source in sources for t in self._timed(source, seen)]
             self._untimed[name] = found
         return found
 
     def end(self, name: str) -> float:
         s = self.first[name]
         return s["start_us"] + s["dur_us"]
+
+    def handed_over(self, name: str) -> float:
+        """When a node's result was there for the ops that wait for it: its
+        end, or for a send its start (a send's slice can last until the
+        receiver has taken the tensor, past the receiver's start)."""
+        s = self.first[name]
+        return s["start_us"] if name in self.by_send else s["start_us"] + s["dur_us"]
 
 
 def _busy(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -171,29 +185,37 @@ def analyse(entries: Sequence[dict], step: str = "train", top: int = 10) -> Anal
             elif start - previous_end > _GAP_US:
                 waited[_cause(graph, starts[start]["name"], device)] += start - previous_end
             previous_end = end
+        if previous_end is not None and call["dur_us"] - previous_end > _GAP_US:
+            waited["the call's end (other devices' work)"] += call["dur_us"] - previous_end
         longest = sorted(slices, key=lambda s: -s["dur_us"])[:top]
         devices.append(DeviceTime(device, busy_us, max(call["dur_us"] - busy_us, 0.0),
                                   dict(waited), longest))
-    return Analysis(step, call["dur_us"], devices, critical_path(graph))
+    return Analysis(step, call["dur_us"], devices, critical_path(graph), call.get("steps", 1))
 
 
 def critical_path(graph: _Graph) -> list[Link]:
     """The chain of ops and transfers that set the step's length.
 
-    From the node that ended last, back through the input that ended last,
+    From the op that ended last, back through the input handed over last,
     until a node that waited for no timed input. Devices run several ops at
     once (an inter-op thread pool; streams on GPUs), so a gap before a node
     is not blamed on the op before it on its device: the step analysis's
     idle time shows such gaps.
     """
-    if not graph.first:
+    ops = [name for name in graph.first if name not in graph.by_send]
+    if not ops:
         return []
-    current = max(graph.first, key=graph.end)
+    current = max(ops, key=graph.end)
     path, seen = [], set()
     while current is not None and current not in seen:
         seen.add(current)
         path.append(_link(graph, current))
-        current = max(graph.producers(current), key=graph.end, default=None)
+        start = graph.first[current]["start_us"]
+        # Inputs handed over before it started (a node that ran several
+        # times is taken at its first run, which may come after).
+        ready = [p for p in graph.producers(current)
+                 if graph.handed_over(p) <= start + _GAP_US]
+        current = max(ready, key=graph.handed_over, default=None)
     return list(reversed(path))
 
 
@@ -209,7 +231,9 @@ def _link(graph: _Graph, name: str) -> Link:
 
 def lines(analysis: Analysis) -> list[str]:
     """The analysis as summary lines."""
-    out = [f"  step analysis (one profiled {analysis.step} step, {analysis.wall_us / 1000:.2f} ms wall):"]
+    steps = f"{analysis.steps} steps" if analysis.steps > 1 else "step"
+    out = [f"  step analysis (one profiled {analysis.step} call, {steps}, "
+           f"{analysis.wall_us / 1000:.2f} ms wall):"]
     for d in analysis.devices:
         waits = ", ".join(f"{cause} {us / 1000:.2f} ms"
                           for cause, us in sorted(d.waited.items(), key=lambda kv: -kv[1])
@@ -221,7 +245,8 @@ def lines(analysis: Analysis) -> list[str]:
     for link in path:
         per_device[link.device] += link.dur_us
     spread = ", ".join(f"{d} {us / 1000:.2f} ms" for d, us in sorted(per_device.items()))
-    out.append(f"  critical path: {len(path)} ops and transfers, {spread}; the longest on it:")
+    if path:
+        out.append(f"  critical path: {len(path)} ops and transfers, {spread}; the longest on it:")
     for link in sorted(path, key=lambda link: -link.dur_us)[:10]:
         what = f"send {link.transfer}" if link.transfer else link.op
         out.append(f"    {link.device}  {link.dur_us / 1000:8.3f} ms  {link.name} ({what})")

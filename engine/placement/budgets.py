@@ -12,8 +12,9 @@ import re
 
 from engine.errors import UsageError
 from engine.placement import report
+from engine.topology.devices import canonical
 
-ANY = "*"
+ANY = "*"  # a budget's device that matches every device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,21 +38,34 @@ class Budget:
     max_peak_memory: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
-        for _, _, limit in self.max_bytes:
+        for src, dst, limit in self.max_bytes:
             _check_limit("max_bytes", limit)
+            _check_device("max_bytes", src)
+            _check_device("max_bytes", dst)
         if self.max_total_bytes is not None:
             _check_limit("max_total_bytes", self.max_total_bytes)
-        for _, limit in self.max_peak_memory:
+        for device, limit in self.max_peak_memory:
             _check_limit("max_peak_memory", limit)
+            _check_device("max_peak_memory", device)
 
     @property
     def empty(self) -> bool:
+        """True when the budget sets no limit at all."""
         return self == Budget()
 
 
 def _check_limit(name: str, limit) -> None:
-    if not isinstance(limit, int) or limit < 0:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise UsageError(f"<{name}>: {limit!r} is not a byte count; give an integer >= 0")
+
+
+def _check_device(name: str, device: str) -> None:
+    """A budget names devices as the log does: `/cpu:1`, `/gpu:0`,
+    `/job:worker/task:1/cpu:0`, or `*`."""
+    if device != ANY and canonical(device) != device:
+        short = canonical(device) or canonical("/" + device)
+        fix = f"write {short}" if short else "write it as the log does, e.g. /cpu:1 or /gpu:0"
+        raise UsageError(f"<{name}>: {device!r} is not a device as the log names them; {fix}, or *")
 
 
 _PAIR = re.compile(r"^\s*(\S+?)\s*->\s*(\S+?)\s*=\s*(\d+)\s*$")
@@ -85,6 +99,16 @@ def parse_device(text: str, name: str = "max_peak_memory") -> tuple[str, int]:
     return _parse(_DEVICE, text, name, "DEVICE=BYTES", "'/cpu:1=50000000' or '*=1000000000'")
 
 
+def held(entries: list[dict]) -> list[str]:
+    """The steps a log holds, of train and eval."""
+    return [s for s in report.STEPS if report.ops(entries, s)]
+
+
+def unknown(entries: list[dict], step: str = "train") -> int:
+    """How many transfers of `step` have no known size (budgets skip them)."""
+    return sum(1 for t in report.transfers(entries, step) if t["bytes"] is None)
+
+
 def _matches(pattern: str, device: str) -> bool:
     return pattern == ANY or pattern == device
 
@@ -98,15 +122,30 @@ def _largest(transfers: list[dict]) -> str:
 def violations(entries: list[dict], budget: Budget, step: str = "train") -> list[str]:
     """One line per limit of `budget` that `step` of the log goes over.
 
+    Transfers of unknown size (`bytes` null) are not counted; `unknown` says
+    how many a step has.
+
     Returns:
       The lines, empty when the step keeps to the budget.
 
     Raises:
-      UsageError: `max_peak_memory` is set and the log has no memory records.
+      UsageError: the log has no `step`; a device of the budget is not one
+        of the step's; `max_peak_memory` is set and the log has no memory
+        records.
     """
     out = []
+    if not report.ops(entries, step):
+        raise UsageError(f"the log has no {step} step; it holds: "
+                         f"{', '.join(held(entries)) or 'neither train nor eval'}")
     moved = report.transfers(entries, step)
     data = [t for t in moved if t["bytes"]]
+    known = set(report.devices(e for e in entries if e.get("step") == step))
+    for name, patterns in (("max_bytes", [d for s, t, _ in budget.max_bytes for d in (s, t)]),
+                           ("max_peak_memory", [d for d, _ in budget.max_peak_memory])):
+        for pattern in patterns:
+            if pattern != ANY and pattern not in known:
+                raise UsageError(f"<{name}>: {pattern} is not a device of the {step} step; "
+                                 f"it has {', '.join(sorted(known))}")
     for src, dst, limit in budget.max_bytes:
         pairs = sorted({(t["src"], t["dst"]) for t in data
                         if _matches(src, t["src"]) and _matches(dst, t["dst"])})

@@ -278,7 +278,7 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str],
     expected = towers[owner] if isinstance(owner, int) and owner < len(towers) else wanted
     reason = None
     if expected and canonical(expected) and assigned != expected and node.op not in ("_Arg", "_Retval"):
-        reason = reasons.reason(facts, node.name, node.op, assigned, expected)
+        reason = reasons.reason(facts, node.name, assigned)
     return {
         "kind": "op",
         "step": step,
@@ -343,11 +343,14 @@ class PlacementLog:
         # Per captured kind: its run metadata and node name -> device.
         self.metadata: dict = {}
         self._devices: dict[str, dict[str, str]] = {}
+        self._functions: dict[str, Callable] = {}  # what each kind's capture ran
         self._timed: set[str] = set()
 
     def call(self, kind: str, function, *args):
         if kind in self._devices:
-            if self.timings and kind not in self._timed:
+            # Timings join the captured graphs by node name: only a call of
+            # the same function (not the loop of steps for one step) is timed.
+            if self.timings and kind not in self._timed and function is self._functions[kind]:
                 self._timed.add(kind)
                 return self._time(kind, function, *args)
             return function(*args)
@@ -356,6 +359,7 @@ class PlacementLog:
         new = records(metadata, kind, self.info.towers, graph)
         self.entries.extend(new)
         self.metadata[kind] = metadata
+        self._functions[kind] = function
         self._devices[kind] = {
             node.name: short_device(node.device)
             for function_graph in metadata.function_graphs
@@ -382,12 +386,17 @@ class PlacementLog:
         try:
             result, seen = profile.profile(function, *args)
         except profile.ProfilerBusy:
-            self.notes.append(
-                f"no timings for the {kind} step: another profiler was running "
-                "(--profile-steps over step 2?)"
-            )
+            note = (f"no timings for the {kind} step: another profiler was running "
+                    "(--profile-steps over its second call?)")
+            self.notes.append(note)
+            self.entries.append({"kind": "note", "step": kind, "text": note})
+            self.write()
             return function(*args)
-        self.entries.extend(timeline.records(seen, kind, self._devices[kind]))
+        if seen is None:
+            self.notes.append(f"no timings for the {kind} step: the profiler recorded nothing")
+            return result
+        steps = int(result["steps"]) if isinstance(result, dict) and "steps" in result else 1
+        self.entries.extend(timeline.records(seen, kind, self._devices[kind], steps))
         self.write()
         return result
 

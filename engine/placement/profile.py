@@ -75,7 +75,7 @@ def profile(function: Callable, *args):
     """Calls `function(*args)` once under the profiler.
 
     Returns:
-      (result, Profile).
+      (result, Profile), or (result, None) when the profiler wrote nothing.
 
     Raises:
       ProfilerBusy: a profiler is already running in this process.
@@ -87,9 +87,16 @@ def profile(function: Callable, *args):
             raise ProfilerBusy(str(err)) from None
         try:
             result = function(*args)
+            # GPU kernels may still be queued when the call returns: wait for
+            # its results, so the profile holds all of them.
+            for value in tf.nest.flatten(result):
+                if isinstance(value, tf.Tensor):
+                    value.numpy()
         finally:
             tf.profiler.experimental.stop()
         files = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+        if not files:  # the profiler saw nothing it could write
+            return result, None
         space = xplane_pb2.XSpace()
         with open(files[0], "rb") as stream:
             space.ParseFromString(stream.read())

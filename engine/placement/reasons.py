@@ -81,6 +81,8 @@ class GraphFacts:
         return None
 
     def colocated_with(self, name: str) -> str | None:
+        """What node `name`'s colocation constraint names (`variable w` for
+        a variable's handle), if it has one."""
         node = self.nodes.get(name)
         if node is None or "_class" not in node.attr:
             return None
@@ -95,19 +97,18 @@ class GraphFacts:
 
 
 def _outputs_resource(node) -> bool:
-    return node.attr["T"].type == RESOURCE or node.op == "VarHandleOp"
+    # `in` first: reading a missing key of a proto map would add it.
+    return node.op == "VarHandleOp" or ("T" in node.attr and node.attr["T"].type == RESOURCE)
 
 
-def reason(facts: GraphFacts, name: str, op: str, assigned: str, wanted: str | None) -> str:
-    """Why node `name` (of type `op`) ran on `assigned`, not on `wanted`.
+def reason(facts: GraphFacts, name: str, assigned: str) -> str:
+    """Why node `name` ran on `assigned`, not where it was wanted (its
+    tower's device, or the one it asked for).
 
     Args:
       facts: the captured function's graph facts.
       name: the node's name in the partitioned graph.
-      op: its op type.
       assigned: the device it ran on (short name).
-      wanted: the device it was asked for, or its tower's device when it
-        asked for none; None when nothing was wanted.
     """
     variable = facts.resource_of(name)
     if variable:
@@ -116,10 +117,15 @@ def reason(facts: GraphFacts, name: str, op: str, assigned: str, wanted: str | N
     if target:
         return f"colocated with {target} on {assigned} (a colocation constraint)"
     node = facts.nodes.get(name)
-    requested = canonical(node.device) if node is not None and node.device else None
+    if node is None:
+        return ("made by grappler's rewrites (not in the traced graph); TensorFlow placed it "
+                "next to its inputs")
+    requested = canonical(node.device) if node.device else None
     if requested is None:
         return ("no device requested (made outside the tower's tf.device scope); "
                 "TensorFlow placed it next to its inputs")
+    if requested == assigned:
+        return f"asked for {requested} (a tf.device inside the tower's scope)"
     if requested not in _known_devices():
         return f"{requested} does not exist here; soft placement moved it"
     kind = _device_type(requested)

@@ -6,8 +6,9 @@ timings are not the step's); the next call of the same kind runs under the
 profiler (engine.placement.profile), with the same partitioned graphs and
 node names, and adds:
 
-  {"kind": "call", "step": str, "dur_us": float}
-      the function's run, wall time; slices are timed from its start.
+  {"kind": "call", "step": str, "dur_us": float, "steps": int}
+      the function's run, wall time, and the steps it ran (several with
+      --steps-per-loop); slices are timed from its start.
   {"kind": "slice", "step": str, "name": node, "op": str, "device": str,
    "phase": str, "start_us": float, "dur_us": float, "thread": int}
       one execution of a node (a node in a loop runs several times).
@@ -22,8 +23,8 @@ node names, and adds:
       are exact for tensors of 256 KiB or more and a lower bound otherwise.
       GPU allocators record every allocation.
 
-On GPUs the host events of GPU ops are their launches, not their kernels'
-run times; the device's own kernel events are not read.
+On GPUs, slices are the kernels and copies on the GPU's streams (the host
+only launches them).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from engine.core import scopes
 from engine.placement.profile import Profile
 
 
-def records(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
+def records(profile: Profile, step: str, devices: dict[str, str], steps: int = 1) -> list[dict]:
     """Call, slice and memory records of one profiled call.
 
     Args:
@@ -43,9 +44,11 @@ def records(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
       step: `train` or `eval`.
       devices: node name -> device (short name) of every node of the
         captured function's partitioned graphs.
+      steps: how many steps the call ran (a loop of steps runs several).
     """
     start, end = profile.call_start_us, profile.call_end_us
-    out: list[dict] = [{"kind": "call", "step": step, "dur_us": round(end - start, 3)}]
+    out: list[dict] = [{"kind": "call", "step": step, "dur_us": round(end - start, 3),
+                        "steps": steps}]
     for s in sorted(profile.slices, key=lambda s: s.start_us):
         if s.name not in devices or not start <= s.start_us <= end:
             continue

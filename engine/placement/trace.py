@@ -15,6 +15,7 @@ import collections
 from collections.abc import Sequence
 
 from engine.core import scopes
+from engine.errors import UsageError
 from engine.placement import report
 
 
@@ -39,11 +40,12 @@ def chrome_trace(entries: Sequence[dict], step: str = "train") -> dict:
     """The trace of `step` as a JSON-ready dict (`{"traceEvents": [...]}`).
 
     Raises:
-      ValueError: the log has no timings for `step`.
+      UsageError: the log has no timings for `step`.
     """
     call = report.call(entries, step)
     if call is None:
-        raise ValueError(f"the log has no timings for the {step} step")
+        raise UsageError(f"the log has no timings for the {step} step; they come from its "
+                         "second call: write the log with a run that calls it at least twice")
     slices = report.slices(entries, step)
     devices = sorted({s["device"] for s in slices}
                      | set(report.memory(entries, step)))

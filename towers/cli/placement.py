@@ -30,9 +30,12 @@ def _load(path: str) -> list[dict]:
 
 def _load_step(path: str, step: str) -> list[dict]:
     """The log at `path`, which must hold `step`."""
+    from engine.placement.budgets import held
+
     entries = _load(path)
     if not any(e.get("step") == step for e in entries):
-        raise UsageFailure(f"{path!r} has no {step} step; it holds: train, eval or neither")
+        raise UsageFailure(f"{path!r} has no {step} step; it holds: "
+                           f"{', '.join(held(entries)) or 'neither train nor eval'}")
     return entries
 
 
@@ -98,10 +101,13 @@ def trace(log, output, step):
 
     _check_output(output, (".json",), "a trace is JSON; end the name with .json")
     entries = _load_step(log, step)
+    notes = [e["text"] for e in entries if e.get("kind") == "note" and e["step"] == step]
+    if notes:
+        raise UsageFailure(f"{log!r}: {notes[0]}")
     if placement_report.call(entries, step) is None:
         raise UsageFailure(
             f"{log!r} has no timings for the {step} step; they come from the step's second "
-            "call: write the log with a run of at least 2 steps (and 2 --eval-steps for eval)"
+            "call: write the log with a run that calls it at least twice"
         )
     trace_json = placement_trace.chrome_trace(entries, step)
     with open(output, "w") as stream:
@@ -148,9 +154,14 @@ def check(log, step, max_bytes, max_total_bytes, no_strays, max_peak_memory):
     if budget.empty:
         raise UsageFailure("give at least one budget: --max-bytes, --max-total-bytes, "
                            "--no-strays or --max-peak-memory")
-    over = budgets.violations(_load_step(log, step), budget, step)
+    entries = _load_step(log, step)
+    over = budgets.violations(entries, budget, step)
     for line in over:
         click.echo(line)
+    skipped = budgets.unknown(entries, step)
+    if skipped:
+        click.echo(f"tower-placement: warning: {skipped} transfer(s) of unknown size were "
+                   "not counted", err=True)
     if over:
         sys.exit(1)
     click.echo(f"{log}: the {step} step keeps to every budget")

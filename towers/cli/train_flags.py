@@ -251,8 +251,8 @@ _OPTIONS = [
         type=click.IntRange(min=0),
         metavar="N",
         help="Stop with exit 1 after the first train step if it moved more than N "
-        "bytes between devices (a traffic budget for CI; the placement log says "
-        "which tensors).",
+        "bytes between devices (a traffic budget for CI; the error names the "
+        "largest tensor, --placement-log records them all).",
     ),
     click.option(
         "--log-device-placement",
