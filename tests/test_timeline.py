@@ -52,14 +52,23 @@ def _two_towers(colocate: bool = False):
     return step, w
 
 
+@pytest.fixture(autouse=True)
+def on_the_host():
+    """The steps here are called from /cpu:0: on a GPU host the default
+    device would be a GPU, and the function's plumbing would go there."""
+    with tf.device("/cpu:0"):
+        yield
+
+
 @pytest.fixture(scope="module")
 def timed():
     """The log of the two-tower step: captured, then profiled."""
-    step, _ = _two_towers()
-    x = tf.random.normal([ROWS, INNER], seed=2)
-    log = placement.PlacementLog(None, _info())
-    for _ in range(3):
-        log.call("train", step, x)
+    with tf.device("/cpu:0"):
+        step, _ = _two_towers()
+        x = tf.random.normal([ROWS, INNER], seed=2)
+        log = placement.PlacementLog(None, _info())
+        for _ in range(3):
+            log.call("train", step, x)
     return log.entries
 
 
