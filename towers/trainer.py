@@ -129,6 +129,7 @@ class Trainer:
         # Data the user named is checked before TensorFlow starts; MNIST that
         # is still to be prepared waits until the devices are known to be good.
         info = source.inspect(self._say) if source.is_prepared else None
+        self._before_tensorflow()
         setup.start_tensorflow(request, reducer, deterministic, log_device_placement)
         self.watchdog = None
         if cluster_options is not None:
@@ -149,6 +150,10 @@ class Trainer:
         self.towers = None
         self.checkpoint_dir = None
         self._checkpointing = None  # whether the built pipelines can be saved
+
+    def _before_tensorflow(self) -> None:
+        """Called once the arguments are checked, before TensorFlow starts
+        (the command line imports it quietly here)."""
 
     def _say(self, message: str) -> None:
         print(message, file=self.stream, flush=True)

@@ -81,12 +81,16 @@ FIT_FLAGS = (
 def _trainer(arguments: dict) -> Trainer:
     if arguments["log_device_placement"]:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
-    common.import_tensorflow()
     return CliTrainer(**arguments, resume_hint=resume_command())
 
 
 class CliTrainer(Trainer):
     """A Trainer whose messages go to the terminal as tower-train's, in flags."""
+
+    def _before_tensorflow(self) -> None:
+        # Bad arguments are refused in a fraction of a second, before the
+        # seconds TensorFlow takes to import; then it is imported quietly.
+        common.import_tensorflow()
 
     def _say(self, message: str) -> None:
         # A line of its own carries the program's name; an indented line
