@@ -81,7 +81,18 @@ FIT_FLAGS = (
 def _trainer(arguments: dict) -> Trainer:
     if arguments["log_device_placement"]:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
+    if _names_user_code(arguments):
+        # The Trainer loads user code while it checks its arguments, and user
+        # code imports TensorFlow: import it quietly first.
+        common.import_tensorflow()
     return CliTrainer(**arguments, resume_hint=resume_command())
+
+
+def _names_user_code(arguments: dict) -> bool:
+    """True when an argument is a `package.module:function` spec (or a
+    built-in's `name:k=v` parameters, which need TensorFlow soon anyway)."""
+    return any(isinstance(arguments.get(key), str) and ":" in arguments[key]
+               for key in ("model", "optimizer", "loss", "reducer"))
 
 
 class CliTrainer(Trainer):
