@@ -47,7 +47,7 @@ from tensorflow.python.framework import op_def_registry
 
 from engine.core import scopes
 from engine.errors import RunError
-from engine.placement import reasons
+from engine.placement import reasons, report
 from engine.topology.devices import canonical
 
 SENDS = ("_Send", "_HostSend")
@@ -273,9 +273,7 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str],
             stray = f"tower {owner} op ran on {assigned}, not on {towers[owner]}"
         elif wanted and canonical(wanted) and assigned != wanted:
             stray = f"asked for {wanted}, moved to {assigned} by soft placement"
-    # A tower's op is wanted on its tower's device, whatever it asked for
-    # (a colocation sets the request); any other op where it asked to be.
-    expected = towers[owner] if isinstance(owner, int) and owner < len(towers) else wanted
+    expected = report.wanted_device(owner, wanted, towers)
     reason = None
     if expected and canonical(expected) and assigned != expected and node.op not in ("_Arg", "_Retval"):
         reason = reasons.reason(facts, node.name, assigned)

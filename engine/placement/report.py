@@ -234,19 +234,21 @@ def summary(entries: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _wanted(op: dict, towers: Sequence[str]) -> str:
-    """Its tower's device for a tower's op, else the device an op asked for."""
-    owner = op["tower"]
+def wanted_device(owner, requested: str | None, towers: Sequence[str]) -> str | None:
+    """Where an op is wanted: its tower's device for a tower's op (whatever
+    it asked for: a colocation sets the request), else the device it asked
+    for."""
     if isinstance(owner, int) and owner < len(towers):
         return towers[owner]
-    return op["requested"] or ""
+    return requested
 
 
 def reason_lines(step_ops: Sequence[dict], towers: Sequence[str]) -> list[str]:
     """Ops that ran elsewhere than asked, grouped by who, where and why:
     `12 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with ...`."""
     groups = collections.Counter(
-        (_owner_label(o["tower"]), o["assigned"], _wanted(o, towers), o["reason"])
+        (_owner_label(o["tower"]), o["assigned"],
+         wanted_device(o["tower"], o["requested"], towers) or "", o["reason"])
         for o in step_ops if o.get("reason")
     )
     if not groups:

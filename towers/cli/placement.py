@@ -47,6 +47,11 @@ def _check_output(output: str, suffixes: tuple[str, ...], fix: str) -> None:
         raise UsageFailure(f"-o {output!r}: its directory does not exist")
 
 
+# Which captured step a command reads.
+_STEP = click.option("--step", default="train", show_default=True,
+                     type=click.Choice(["train", "eval"]))
+
+
 @click.group(name="tower-placement", cls=OneLineGroup)
 def tower_placement():
     """Read, compare and draw tower-train placement logs."""
@@ -74,8 +79,7 @@ def diff(log_a, log_b):
 @tower_placement.command()
 @click.argument("log")
 @click.option("-o", "--output", required=True, help="out.svg, out.png or out.dot")
-@click.option("--step", default="train", show_default=True,
-              type=click.Choice(["train", "eval"]))
+@_STEP
 def render(log, output, step):
     """Draw devices as boxes and transfers as arrows labelled with bytes per step."""
     from engine.placement import render as placement_render
@@ -91,29 +95,24 @@ def render(log, output, step):
 @tower_placement.command()
 @click.argument("log")
 @click.option("-o", "--output", required=True, help="out.json: a Chrome trace (trace event JSON).")
-@click.option("--step", default="train", show_default=True,
-              type=click.Choice(["train", "eval"]))
+@_STEP
 def trace(log, output, step):
     """Write the profiled step as a Chrome trace for Perfetto or chrome://tracing:
     a track per device, ops as slices, transfers as arrows, memory as a counter."""
-    from engine.placement import report as placement_report
-    from engine.placement import trace as placement_trace
+    from engine.errors import UsageError
+    from towers.placement import write_trace
 
     _check_output(output, (".json",), "a trace is JSON; end the name with .json")
     entries = _load_step(log, step)
     notes = [e["text"] for e in entries if e.get("kind") == "note" and e["step"] == step]
     if notes:
         raise UsageFailure(f"{log!r}: {notes[0]}")
-    if placement_report.call(entries, step) is None:
-        raise UsageFailure(
-            f"{log!r} has no timings for the {step} step; they come from the step's second "
-            "call: write the log with a run that calls it at least twice"
-        )
-    trace_json = placement_trace.chrome_trace(entries, step)
-    with open(output, "w") as stream:
-        json.dump(trace_json, stream)
-    slices = sum(1 for e in trace_json["traceEvents"] if e["ph"] == "X")
-    flows = sum(1 for e in trace_json["traceEvents"] if e["ph"] == "s")
+    try:
+        events = write_trace(entries, output, step)["traceEvents"]
+    except UsageError as err:
+        raise UsageFailure(f"{log!r}: {err}") from None
+    slices = sum(1 for e in events if e["ph"] == "X")
+    flows = sum(1 for e in events if e["ph"] == "s")
     click.echo(f"wrote {output}: {slices} ops, {flows} transfers; open it in "
                "https://ui.perfetto.dev or chrome://tracing")
 
@@ -137,8 +136,7 @@ def _budget_options(function):
 
 @tower_placement.command()
 @click.argument("log")
-@click.option("--step", default="train", show_default=True,
-              type=click.Choice(["train", "eval"]))
+@_STEP
 @_budget_options
 def check(log, step, max_bytes, max_total_bytes, no_strays, max_peak_memory):
     """Check a step against budgets: exit 1 with a line per violation, 0 if none."""
