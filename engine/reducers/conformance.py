@@ -13,7 +13,8 @@ variables; the reduce device alone) and each dtype, and returns one
 * shape, dtype: the gradients' own;
 * placement: each result made on its destination;
 * mean: the mean, not the sum; a wrong result names the factor it is off by;
-* traffic: the bytes each device sends, where the reducer declares them;
+* traffic: the bytes each device sends, where the reducer declares them, and
+  the same bytes in the schedule the cost model reads (engine/cost);
 * feedback: for a stateful reducer that compresses (`lossy`) and keeps
   `residuals`, over several calls what it sent plus what it holds back is
   what it was given (the error-feedback invariant). A lossy reducer's single
@@ -176,9 +177,9 @@ def _traffic_rows(reducer, devices, destinations, kind) -> list[CheckResult]:
         figure = checks.declared_traffic(reducer, devices, destinations, 4 * elements)
         if figure is None:
             return []
-        problem = checks.traffic_problem(
-            figure, checks.sent_per_device(reducer, devices, destinations, elements)
-        )
+        placed, scheduled = checks.sent_per_device(reducer, devices, destinations, elements)
+        problem = (checks.traffic_problem(figure, placed)
+                   or checks.schedule_problem(placed, scheduled))
     except Exception as err:
         problem = f"raised {checks.one_line(err)}"
     return [CheckResult("traffic", len(devices), kind, "float32", problem is None,

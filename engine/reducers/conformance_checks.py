@@ -312,10 +312,13 @@ def declared_traffic(reducer, devices: Sequence[str], destinations: Sequence[str
 
 
 def sent_per_device(reducer, devices: Sequence[str], destinations: Sequence[str],
-                    elements: int) -> dict[str, int | None]:
-    """Bytes each device sends in one call on one float32 gradient of `elements`,
-    from the call's _Send ops; None for a device that sent a tensor of unknown size."""
-    _, sent = measure.reduction_transfers(
+                    elements: int) -> tuple[dict[str, int | None], dict[str, int]]:
+    """Bytes each device sends in one call on one float32 gradient of `elements`:
+    from the call's _Send ops (None for a device that sent a tensor of unknown
+    size), and from the schedule the cost model reads off the same function."""
+    from engine.cost import schedule
+
+    function, sent = measure.reduction_transfers(
         reducer, list(devices), list(destinations), [elements], tf.float32
     )
     per_device: dict[str, int | None] = {}
@@ -325,7 +328,17 @@ def sent_per_device(reducer, devices: Sequence[str], destinations: Sequence[str]
             per_device[src] = None
         else:
             per_device[src] = per_device.get(src, 0) + size
-    return {device: size for device, size in per_device.items() if size != 0}
+    placed = {device: size for device, size in per_device.items() if size != 0}
+    scheduled = schedule.from_graph(function.get_concrete_function().graph).sent_per_device()
+    return placed, scheduled
+
+
+def schedule_problem(placed: dict[str, int | None], scheduled: dict[str, int]) -> str | None:
+    """The cost model's schedule sends other bytes than the placed call did?"""
+    if placed == scheduled:
+        return None
+    return (f"the cost model's schedule of the call sends {scheduled}, the placed call "
+            f"sent {placed}: TensorFlow moved an op off the device it asked for")
 
 
 def traffic_problem(figure: dict[str, int], measured: dict[str, int | None]) -> str | None:
