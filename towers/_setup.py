@@ -108,8 +108,31 @@ def check_data_fits(info, towers: int, batch_size: int) -> None:
         )
 
 
+def load_topology(topology, reducer):
+    """`topology` loaded (a file or a built-in's name) and checked before
+    TensorFlow starts; only `reducer="auto"` takes one.
+
+    Raises:
+      UsageError: a topology for another reducer.
+      TopologyError: a missing or malformed file, naming the field.
+    """
+    from engine.cost import topology as topology_lib
+
+    if topology is None:
+        return None
+    if reducer != "auto":
+        raise UsageError(f"<topology> is for <reducer=auto>, which chooses by it; "
+                         f"<reducer={reducer}> does not use one")
+    if isinstance(topology, topology_lib.Topology):
+        return topology
+    try:
+        return topology_lib.load(str(topology))
+    except topology_lib.TopologyError as err:
+        raise topology_lib.TopologyError(f"<topology> {err}") from None
+
+
 def run_options(placement, info, source, model, model_fn, *, optimizer, learning_rate,
-                loss, batch_size, reducer, variables, group_size, pack_bytes, compress,
+                loss, batch_size, reducer, variables, group_size, pack_bytes, compress, topology,
                 mixed_precision, xla, seed, dali_threads, prefetch) -> RunOptions:
     """The data, model and reducer options of a run on `placement`."""
     from engine import reducers
@@ -140,7 +163,8 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
         compute_dtype, xla,
     )
     return RunOptions(data_options, model_options,
-                      reducers.ReducerOptions(reducer, group_size, pack_bytes, compress))
+                      reducers.ReducerOptions(reducer, group_size, pack_bytes, compress,
+                                              topology))
 
 
 def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> None:

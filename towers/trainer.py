@@ -53,6 +53,10 @@ class Trainer:
       variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
       reduce_device: where variables live and gradients meet; default /cpu:0.
       group_size, pack_bytes, compress: the reducer's options (README).
+      topology: with `reducer="auto"`, the costs it chooses by: a topology
+        file (`tower-reduce-bench --fit-links`), a built-in's name
+        (`towers.cost.builtin_topologies()`) or a `towers.cost.Topology`;
+        default: measured on the run's devices at start-up.
       mixed_precision: bfloat16 on CPU towers, float16 with loss scaling on GPUs.
       xla: compile each tower's forward and backward pass (needs replicated
         variables).
@@ -92,6 +96,7 @@ class Trainer:
         group_size: int = 2,
         pack_bytes: int = 0,
         compress: str | None = None,
+        topology=None,
         mixed_precision: bool = False,
         xla: bool = False,
         seed: int = 0,
@@ -124,6 +129,7 @@ class Trainer:
                 "some ops (max-pooling gradients, for one) and TensorFlow refuses them "
                 "mid-run; drop one of the two flags"
             )
+        topology = setup.load_topology(topology, reducer)
         source = data or sources.mnist()
         model_fn = models.builder(model)
         # Data the user named is checked before TensorFlow starts; MNIST that
@@ -144,7 +150,7 @@ class Trainer:
             optimizer=optimizer, learning_rate=learning_rate, loss=loss,
             batch_size=batch_size, reducer=reducer, variables=variables,
             group_size=group_size, pack_bytes=pack_bytes, compress=compress,
-            mixed_precision=mixed_precision, xla=xla, seed=seed,
+            topology=topology, mixed_precision=mixed_precision, xla=xla, seed=seed,
             dali_threads=dali_threads, prefetch=prefetch,
         )
         self.towers = None

@@ -12,7 +12,8 @@ Log schema (JSON Lines), one object per line:
   {"kind": "run", "towers": [device, ...], "reduce_device": str,
    "parameter_bytes": int, "parameters": int, "batch_size": int,
    "reducer": str, "variables": "reduce-device"|"replicated",
-   "compress": "fp16"|"bf16"|null, "model": str}
+   "compress": "fp16"|"bf16"|null, "model": str,
+   "reducer_choices": [[smallest bytes, largest bytes, reducer], ...]}
   {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
    "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
    "input_tower": int|null, "stray": str|null, "inputs": [node name],
@@ -309,9 +310,12 @@ class RunInfo:
     # (engine.reducers.stateful), and when they are sent, if not every step.
     reduction_bytes: int | None = None
     reduction_note: str = ""
+    # --reducer auto: (smallest bytes, largest bytes, choice) by size.
+    reducer_choices: tuple = ()
 
     def record(self) -> dict:
-        return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers)}
+        return {"kind": "run", **dataclasses.asdict(self), "towers": list(self.towers),
+                "reducer_choices": [list(c) for c in self.reducer_choices]}
 
 
 class TransferBudgetError(RunError):

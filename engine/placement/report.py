@@ -199,6 +199,10 @@ def summary(entries: Sequence[dict]) -> str:
         unknown = sum(1 for t in transfers(entries, step) if t["bytes"] is None)
         want = expected_bytes(info, step)
         scheme = f"{info['reducer']} reduction, {info.get('variables', 'reduce-device')} variables"
+        if info.get("reducer_choices"):
+            chose = ", ".join(f"{name} for {lo:,}-{hi:,} bytes"
+                              for lo, hi, name in info["reducer_choices"])
+            scheme = f"auto reduction ({chose}), {info.get('variables', 'reduce-device')} variables"
         if want is None:
             expectation = f"; no expectation for the {scheme}"
         else:

@@ -13,6 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 
+from engine.reducers.auto import CANDIDATES, Auto
 from engine.reducers.base import COMPRESSION, Link, Reducer, ReducerError
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
@@ -39,7 +40,7 @@ from engine.userfn import check_signature, label, load_function
 # The research baselines with state, by name; their parameters are their
 # constructors' keyword arguments, given as `name:key=value,...`.
 STATEFUL = {"topk": TopK, "powersgd": PowerSGD, "signsgd": SignSGD, "localsgd": LocalSGD}
-BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl", *STATEFUL)
+BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl", *STATEFUL, "auto")
 REDUCER_CONTRACT = (
     "a reducer takes (tower_grads, devices, destinations) and returns the mean for "
     "each destination"
@@ -123,12 +124,17 @@ class ReducerOptions:
       pack_bytes: fuse gradients into buffers of about this many bytes before
         reducing; 0 reduces each gradient alone.
       compress: `fp16` or `bf16` to move gradients in that dtype, or None.
+      topology: for `auto`, the costs its choices are predicted on: a
+        topology file's path, a built-in's name (engine/cost/topologies), or
+        an engine.cost.Topology; None fits them on the run's devices at
+        start-up (a few seconds).
     """
 
     name: str | Callable = "central"
     group_size: int = 2
     pack_bytes: int = 0
     compress: str | None = None
+    topology: object = None
     # The user's function, loaded from `name`; None for a built-in.
     function: Callable | None = dataclasses.field(default=None, init=False, repr=False,
                                                   compare=False)
@@ -176,6 +182,11 @@ class ReducerOptions:
                 f"<reducer={self.label}> <pack_bytes={self.pack_bytes}>: "
                 f"{_NOT_PACKED[self.method]}; leave out <pack_bytes>"
             )
+        if self.topology is not None and self.method != "auto":
+            raise ReducerError(
+                f"<topology> is for <reducer=auto>, which chooses by it; "
+                f"<reducer={self.label}> does not use one"
+            )
         if self.builtin == "nccl" and self.compress == "bf16":
             raise ReducerError(
                 "<reducer=nccl> <compress=bf16>: NCCL's all-reduce in TensorFlow "
@@ -193,6 +204,18 @@ class ReducerOptions:
     def label(self) -> str:
         """How messages name the reducer: its name, spec or function's label."""
         return label(self.name)
+
+
+def _topology(given):
+    """auto's costs: `given` (a Topology, or a file or built-in to load), else
+    a function that fits them on the devices it is given."""
+    from engine.cost import fit, topology
+
+    if isinstance(given, topology.Topology):
+        return given
+    if given is not None:
+        return topology.load(str(given))
+    return lambda devices: fit.fit(devices, fit.QUICK, name="fitted at start-up").topology
 
 
 def build(options: ReducerOptions, placement: Placement) -> Reducer:
@@ -225,9 +248,15 @@ def build(options: ReducerOptions, placement: Placement) -> Reducer:
         reducer = Collective(devices)
     elif name == "nccl":
         reducer = Nccl(placement)
+    elif name == "auto":
+        reducer = Auto(
+            {n: build(dataclasses.replace(options, name=n, pack_bytes=0, topology=None),
+                      placement) for n in CANDIDATES},
+            _topology(options.topology),
+        )
     else:
         reducer = options.function
-    if options.compress and name not in _HOP_BY_HOP:
+    if options.compress and name not in (*_HOP_BY_HOP, "auto"):
         reducer = Cast(reducer, options.compress)
     if options.pack_bytes:
         reducer = Packed(reducer, options.pack_bytes)

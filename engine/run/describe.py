@@ -10,6 +10,7 @@ import keras
 from engine import data
 from engine.core import loss_scale, precision
 from engine.placement.log import RunInfo
+from engine.reducers.auto import auto_part
 from engine.reducers.stateful import stateful_part
 from engine.run.build import ModelOptions
 from engine.topology.devices import Placement
@@ -19,9 +20,11 @@ if TYPE_CHECKING:
     from engine.run.train import TrainOptions
 
 def describe(
-    placement: Placement, options: TrainOptions, model: keras.Model, info: data.DatasetInfo
+    placement: Placement, options: TrainOptions, model: keras.Model, info: data.DatasetInfo,
+    built_reducer=None,
 ) -> str:
-    """The layout, printed before training: who runs where and reads what."""
+    """The layout, printed before training: who runs where and reads what;
+    `built_reducer` says what `auto` chose."""
     n = len(placement.towers)
     batch = options.data.batch_size
     params, _ = count_parameters(model)
@@ -67,6 +70,9 @@ def describe(
         )
     if model_options.compute_dtype != "float32" or model_options.xla:
         lines.append(compute_line(model_options))
+    auto = auto_part(built_reducer)
+    if auto is not None:
+        lines.append(f"  auto     {auto.describe()}")
     return "\n".join(lines)
 
 
@@ -108,9 +114,11 @@ def run_info(placement: Placement, options: TrainOptions, model: keras.Model,
     """What the placement log records about the run; `reducer`, the built one,
     gives a stateful reducer's own figure of its bytes."""
     parameters, parameter_bytes = count_parameters(model)
-    state = stateful_part(reducer)
+    state = stateful_part(reducer) or auto_part(reducer)
+    auto = auto_part(reducer)
     return RunInfo(
         reduction_bytes=None if state is None else state.step_bytes(),
+        reducer_choices=tuple(auto.ranges()) if auto else (),
         reduction_note=getattr(state, "step_note", ""),
         towers=placement.devices,
         reduce_device=placement.reduce_device,

@@ -134,7 +134,8 @@ def train(
             placement, options.data, options.model, options.reducer, info.val_size,
         )
     model = towers.step.model
-    print(describe(placement, options, model, info), file=stream, flush=True)
+    print(describe(placement, options, model, info, towers.step.reducer), file=stream,
+          flush=True)
 
     def say(message: str) -> None:
         print(message, file=stream, flush=True)

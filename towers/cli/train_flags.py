@@ -159,6 +159,14 @@ _OPTIONS = [
         help="Move gradients in this dtype, casting back after the transfer.",
     ),
     click.option(
+        "--topology",
+        default=None,
+        metavar="FILE",
+        help="With --reducer auto: the costs it chooses by, a file from "
+        "tower-reduce-bench --fit-links or a built-in's name. Default: measured "
+        "on the run's devices at start-up.",
+    ),
+    click.option(
         "--check-reducer",
         is_flag=True,
         help="Before the first step, compare the reducer's result with the exact "
