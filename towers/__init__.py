@@ -7,7 +7,8 @@
 `towers.data` holds the data sources (MNIST, directories, synthetic images,
 your own DALI pipeline), `towers.models` the model zoo, `towers.reducers`
 the reducers with state and what you need to write your own,
-`towers.placement` what reads a placement log (summary, trace, budgets). The command-line tools
+`towers.placement` what reads a placement log (summary, trace, budgets),
+`towers.cost` the cost model (topologies, predictions). The command-line tools
 in `towers.cli` are thin layers over this API.
 """
 
@@ -24,6 +25,7 @@ __all__ = [
     "Trainer",
     "UsageError",
     "UserCodeError",
+    "cost",
     "data",
     "models",
     "placement",
@@ -32,10 +34,11 @@ __all__ = [
 
 
 def __getattr__(name):
-    # towers.reducers imports TensorFlow, which the CLI configures (its log
-    # level, its devices) before importing it: load it on first use.
-    if name == "reducers":
+    # towers.reducers and towers.cost import TensorFlow, which the CLI
+    # configures (its log level, its devices) before importing it: load them
+    # on first use.
+    if name in ("reducers", "cost"):
         import importlib
 
-        return importlib.import_module("towers.reducers")
+        return importlib.import_module(f"towers.{name}")
     raise AttributeError(f"module 'towers' has no attribute {name!r}")

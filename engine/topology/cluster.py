@@ -67,7 +67,7 @@ class ClusterOptions:
                 f"{self.source}: {len(chiefs)} chief tasks; the chief is this "
                 "process, so give one address for it"
             )
-        far = [a for _, a in self.remote_tasks() if not _is_loopback(a)]
+        far = [a for _, a in self.remote_tasks() if not is_loopback(a)]
         if far and not chiefs:
             raise ClusterError(
                 f"{self.source}: {far[0]} may be on another host, and it must reach this "
@@ -206,7 +206,7 @@ def _checked(jobs, source: str):
     return tuple(jobs)
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
     host = address.rpartition(":")[0].strip("[]")
     return host == "localhost" or host.startswith("127.") or host == "::1"
 

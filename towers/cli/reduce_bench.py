@@ -3,8 +3,13 @@
 For every reducer and tensor size, places one float32 tensor per tower on the
 towers' devices, runs the reducer in a `tf.function`, reads the bytes it sent
 from the placement of the first call, then times `--repeats` calls. Prints a
-table: median time per reduction, algorithm bandwidth (tensor bytes / time),
-bytes moved in total against the algorithm's ideal, and the busiest device.
+table: median time per reduction, algbw and busbw (nccl-tests' definitions),
+bytes moved in total against the algorithm's ideal, and the busiest device;
+with `--topology`, the cost model's prediction of each time beside it.
+
+`--fit-links FILE` measures the devices and links instead and writes them as
+a topology file (engine/cost/fit.py); `--topology FILE --predict` prints the
+cost model's predictions for a machine, which need not be this one.
 
 `--check SPEC` runs the conformance checks (engine/reducers/conformance.py) on
 one reducer instead, a built-in or `package.module:function`, and prints which
@@ -13,6 +18,7 @@ pass for each tower count; the exit code is 1 when any fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -21,6 +27,7 @@ import time
 import click
 from click.core import ParameterSource
 
+from towers.cli import cost_tables
 from towers.cli.common import (
     OneLineCommand,
     UsageFailure,
@@ -30,16 +37,19 @@ from towers.cli.common import (
 
 
 def parse_size(text: str) -> int:
-    """`256K`, `1M`, `1000` -> float32 elements."""
-    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+    """`64K`, `16M`, `4096` -> bytes of a float32 tensor (a multiple of 4)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
     digits = text[:-1] if scale > 1 else text
-    if not digits.isdigit() or int(digits) < 1:
-        raise UsageFailure(f"--sizes: {text!r} is not a size like 4096, 256K or 1M")
+    if not digits.isdigit() or int(digits) < 1 or int(digits) * scale % 4:
+        raise UsageFailure(f"--sizes: {text!r} is not a size in bytes of float32 like "
+                           "4096, 64K or 16M")
     return int(digits) * scale
 
 
-def measure(reducer_name, placement, size, options, variables, repeats, warmup):
-    """One row of the table: `reducer_name` on one float32 tensor of `size` per tower."""
+def measure(reducer_name, placement, size, options, variables, repeats, warmup,
+            topology=None):
+    """One row of the table: `reducer_name` on one float32 tensor of `size`
+    elements per tower; with `topology`, the cost model's prediction too."""
     from engine import reducers
     from engine.placement import report as placement_report
     from engine.reducers.conformance_checks import build_for
@@ -47,6 +57,7 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
 
     reducer = reducers.build(options, placement)
     devices = placement.devices
+    predicted = None
     destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
     state = reducers.stateful_part(reducer)
     if state is not None:  # topk, signsgd, powersgd: built for this one tensor
@@ -54,6 +65,10 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
 
         build_for(reducer, [(size,)], devices, destinations, tf.float32)
     function, sent = reduction_transfers(reducer, devices, destinations, [size])
+    if topology is not None:
+        from engine.cost import compare
+
+        predicted = compare.predict_seconds(reducer, topology, devices, destinations, 4 * size)
     for _ in range(warmup):
         function()
     times = []
@@ -73,11 +88,19 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
         "compress": options.compress,
         "reduction_bytes": None if state is None else state.step_bytes(),
     }
+    from engine.cost.compare import bus_factor
+
+    seconds = statistics.median(times)
+    algbw = 4 * size / seconds
     return {
         "reducer": reducer_name,
         "towers": len(devices),
         "tensor_bytes": 4 * size,
-        "seconds": statistics.median(times),
+        "seconds": seconds,
+        "best_seconds": min(times),
+        "algbw": algbw,
+        "busbw": algbw * bus_factor(len(devices), variables == "replicated"),
+        "predicted_seconds": predicted,
         "bytes_moved": sum(per_device.values()),
         "ideal_bytes": placement_report.reduction_bytes(info),
         "busiest_device_bytes": max(per_device.values(), default=0),
@@ -86,7 +109,10 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup):
 
 
 def table(rows) -> str:
-    header = (f"{'reducer':<13}{'towers':>7}{'tensor MB':>11}{'ms':>9}{'GB/s':>8}"
+    predicted = any(r.get("predicted_seconds") is not None for r in rows)
+    header = (f"{'reducer':<13}{'towers':>7}{'tensor MB':>11}{'ms':>9}"
+              + (f"{'model ms':>10}{'error':>8}" if predicted else "")
+              + f"{'algbw':>8}{'busbw':>8}"
               f"{'moved MB':>10}{'ideal MB':>10}{'moved/ideal':>13}{'busiest MB':>12}")
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -98,16 +124,25 @@ def table(rows) -> str:
             busiest = f"{r['busiest_device_bytes'] / 1e6:.2f}"
             ideal = "?" if r["ideal_bytes"] is None else f"{r['ideal_bytes'] / 1e6:.2f}"
             ratio = ("?" if not r["ideal_bytes"] else f"{r['bytes_moved'] / r['ideal_bytes']:.3f}")
+        model = ""
+        if predicted:
+            p = r.get("predicted_seconds")
+            best = r["best_seconds"]
+            model = (f"{'-':>10}{'-':>8}" if p is None else
+                     f"{1e3 * p:>10.2f}{100 * (p - best) / best:>+7.0f}%")
         lines.append(
-            f"{r['reducer']:<13}{r['towers']:>7}{mb:>11.2f}{1e3 * r['seconds']:>9.2f}"
-            f"{r['tensor_bytes'] / r['seconds'] / 1e9:>8.2f}{moved:>10}{ideal:>10}"
+            f"{r['reducer']:<13}{r['towers']:>7}{mb:>11.2f}{1e3 * r['seconds']:>9.2f}{model}"
+            f"{r['algbw'] / 1e9:>8.2f}{r['busbw'] / 1e9:>8.2f}{moved:>10}{ideal:>10}"
             f"{ratio:>13}{busiest:>12}"
         )
+    lines.append("algbw, busbw: GB/s as nccl-tests define them (busbw = algbw x 2(n-1)/n "
+                 "for an all-reduce)" + ("; error: model against the fastest call" if predicted else ""))
     return "\n".join(lines)
 
 
 # Flags of the timing run that mean nothing to --check.
-BENCH_ONLY = ("sizes", "names", "variables", "repeats", "warmup", "json_path")
+BENCH_ONLY = ("sizes", "names", "variables", "repeats", "warmup", "json_path",
+              "fit_links", "topology", "predict", "user_reducers")
 
 
 def check_target(spec: str, group_size: int, compress: str | None):
@@ -210,19 +245,24 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
 @click.command(name="tower-reduce-bench", cls=OneLineCommand)
 @click.option("--devices", default=None,
               help="Towers, as for tower-train (cpu:N splits the host CPU). "
-              "Default cpu:4; cpu:8 with --check.")
+              "Default cpu:4; cpu:8 with --check; with --predict, the topology's GPUs "
+              "(or all its devices), or a comma list of its device names.")
 @click.option("--reduce-device", default=None,
               help="Default /cpu:0; with --check, the last device.")
 @click.option("--check", default=None, metavar="SPEC",
               help="Run the conformance checks on one reducer instead of timing: "
               "a built-in or package.module:function. Exit code 1 if any fails.")
-@click.option("--sizes", default="256K,1M,4M", show_default=True,
-              help="float32 elements per tensor, comma-separated (K = 1024, M = 1024^2).")
+@click.option("--sizes", default="1M,4M,16M", show_default=True,
+              help="Bytes of each tower's float32 tensor, comma-separated "
+              "(K = 1024, M = 1024^2).")
 @click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
               show_default=True,
               help="Built-ins to time, by comma; with one parameter each where they "
-              "take them (topk:ratio=0.05). powersgd sends a vector whole, as in "
-              "training: time it in a run.")
+              "take them (topk:ratio=0.05), and auto. powersgd sends a vector whole, "
+              "as in training: time it in a run.")
+@click.option("--reducer", "user_reducers", multiple=True, metavar="SPEC",
+              help="A reducer of yours to time or predict too, package.module:function; "
+              "repeatable.")
 @click.option("--variables", default="replicated", show_default=True,
               type=click.Choice(["replicated", "reduce-device"]),
               help="replicated: every tower needs the mean (an all-reduce); "
@@ -231,9 +271,22 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
 @click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]))
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--warmup", default=3, show_default=True, type=int)
+@click.option("--fit-links", default=None, metavar="FILE",
+              help="Measure every device and every ordered pair's link instead of "
+              "timing reducers (1 KB to 64 MB), and write them as a topology file.")
+@click.option("--topology", default=None, metavar="FILE",
+              help="A topology file or built-in name: predict each timed row beside "
+              "it, choose for auto by it, or with --predict predict alone.")
+@click.option("--predict", is_flag=True,
+              help="With --topology: print the model's predictions for that machine, "
+              "measuring nothing.")
+@click.option("--cluster", default=None,
+              help="Workers whose devices --devices names (w1/cpu:0), as for "
+              "tower-train: worker=HOST:PORT,...")
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON.")
-def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_size,
-                 compress, repeats, warmup, json_path):
+def reduce_bench(devices, reduce_device, check, sizes, names, user_reducers, variables,
+                 group_size, compress, repeats, warmup, fit_links, topology, predict,
+                 cluster, json_path):
     """Time each reducer alone and compare the bytes it moves with its ideal."""
     from engine.topology import devices as devs
 
@@ -244,13 +297,32 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
                     context.get_parameter_source(param.name) != ParameterSource.DEFAULT):
                 raise UsageFailure(f"--check runs the conformance checks alone; drop "
                                    f"{param.opts[0]}")
-    devices = devices or ("cpu:8" if check else "cpu:4")
+    if predict and topology is None:
+        raise UsageFailure("--predict predicts on a machine's costs; name them with "
+                           "--topology FILE (or a built-in: "
+                           f"{', '.join(cost_tables.builtin_topologies())})")
+    if fit_links and (predict or topology):
+        raise UsageFailure("--fit-links measures this machine; drop --topology and --predict")
     check_output_path("--json", json_path)
+    check_output_path("--fit-links", fit_links)
+    byte_sizes = [parse_size(s.strip()) for s in sizes.split(",")]
+    if repeats < 1:
+        raise UsageFailure(f"--repeats ({repeats}) must be at least 1")
+    machine = cost_tables.load_topology(topology) if topology else None
+    if predict:
+        import_tensorflow()
+        rows = cost_tables.predict(machine, devices, reduce_device, names, user_reducers,
+                                   byte_sizes, variables, group_size)
+        _write_json(json_path, [dataclasses.asdict(r) for r in rows])
+        return
+    devices = devices or ("cpu:8" if check else "cpu:4")
     try:
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError:
         raise  # OneLineCommand names the flags
-    element_counts = [parse_size(s.strip()) for s in sizes.split(",")]
+    from towers import _setup
+
+    cluster_options = _setup.cluster_options(cluster, 60.0, request)
     import_tensorflow()
     from engine import reducers
 
@@ -261,39 +333,52 @@ def reduce_bench(devices, reduce_device, check, sizes, names, variables, group_s
             f"--reducers: {', '.join(unknown)} not built in; choose from "
             f"{', '.join(reducers.BUILT_INS)}"
         )
-    if repeats < 1:
-        raise UsageFailure(f"--repeats ({repeats}) must be at least 1")
     from engine.reducers.collective import reserve_inter_op_threads
 
     reserve_inter_op_threads(devs.expected_tower_count(request))
     try:
-        placement = devs.configure(request)
+        placement = devs.configure(request, cost_tables.connector(cluster_options))
     except devs.DeviceError:
         raise  # OneLineCommand names the flags
     if check is not None:
         # By default the last device: a tower only when every device is one.
         last_or_given = placement.reduce_device if reduce_device else placement.devices[-1]
         sys.exit(run_check(check, placement, last_or_given, group_size, compress))
+    if fit_links:
+        fitted = cost_tables.fit_links(placement, cluster_options, fit_links)
+        _write_json(json_path, {"errors": fitted.errors, "seconds": fitted.seconds})
+        return
     rows = []
-    for name in chosen:
+    # auto chooses by --topology, else by costs measured here once, up front.
+    for_auto = machine
+    if "auto" in chosen and for_auto is None:
+        for_auto = cost_tables.quick_fit(placement, cluster_options)
+    for name in [*chosen, *user_reducers]:
         try:
-            options = reducers.ReducerOptions(name, group_size, 0, compress)
+            options = reducers.ReducerOptions(
+                name, group_size, 0, compress, for_auto if name == "auto" else None)
         except reducers.ReducerError:
             raise  # OneLineCommand names the flags
-        for count in element_counts:
+        for nbytes in byte_sizes:
             try:
-                rows.append(
-                    measure(name, placement, count, options, variables, repeats, warmup)
-                )
+                rows.append(measure(name, placement, nbytes // 4, options, variables,
+                                    repeats, warmup, machine))
             except reducers.ReducerError:
                 raise  # OneLineCommand names the flags
-            click.echo(f"measured {name} on {count * 4 / 1e6:.2f} MB", err=True)
+            click.echo(f"measured {name} on {nbytes / 1e6:.2f} MB", err=True)
     click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
-               f"{variables} variables, median of {repeats} reductions")
+               f"{variables} variables, median of {repeats} reductions"
+               + (f", model: topology {machine.name!r}" if machine else ""))
     click.echo(table(rows))
-    if json_path:
-        with open(json_path, "w") as stream:
-            json.dump(rows, stream, indent=1)
+    if machine is not None:
+        click.echo(cost_tables.error_line(rows))
+    _write_json(json_path, rows)
+
+
+def _write_json(path, data) -> None:
+    if path:
+        with open(path, "w") as stream:
+            json.dump(data, stream, indent=1)
 
 
 def main():
