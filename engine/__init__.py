@@ -14,4 +14,4 @@
 The public Python API is `towers`; this package is what it is built from.
 """
 
-__all__ = ["core", "data", "errors", "placement", "reducers", "run", "topology", "userfn"]
+__all__ = ["core", "cost", "data", "errors", "placement", "reducers", "run", "topology", "userfn"]

@@ -11,3 +11,5 @@
 The public API is towers.cost; `--reducer auto` (engine/reducers/auto.py)
 chooses by it.
 """
+
+__all__ = ["check", "compare", "fit", "model", "schedule", "topology"]

@@ -40,12 +40,20 @@ class Row:
 
 
 def bus_factor(towers: int, all_reduce: bool) -> float:
-    """nccl-tests' factor from algbw to busbw: 2(n-1)/n for an all-reduce, 1 for a reduce."""
+    """nccl-tests' factor from algbw to busbw.
+
+    Returns:
+      2(n-1)/n for an all-reduce of `towers` (`all_reduce`), 1 for a reduce.
+    """
     return 2 * (towers - 1) / towers if all_reduce and towers > 1 else 1.0
 
 
 def towers_of(topology: Topology) -> list[str]:
-    """The default towers on a topology: its GPUs, or every device when it has none."""
+    """The default towers on a topology.
+
+    Returns:
+      Its GPUs, or every device when it has none.
+    """
     names = list(topology.devices)
     gpus = [d for d in names if topology.devices[d].kind == "gpu"]
     return gpus or names
@@ -92,7 +100,11 @@ def predict_rows(reducers: Mapping[str, Callable], topology: Topology, towers: S
 
 
 def fastest(rows: Sequence[Row]) -> dict[int, str]:
-    """The reducer predicted fastest for each size."""
+    """The reducer predicted fastest for each size.
+
+    Returns:
+      {tensor bytes: reducer name}, by size.
+    """
     best: dict[int, Row] = {}
     for row in rows:
         if row.tensor_bytes not in best or row.seconds < best[row.tensor_bytes].seconds:
@@ -103,9 +115,19 @@ def fastest(rows: Sequence[Row]) -> dict[int, str]:
 def crossover(first: Callable, second: Callable, topology: Topology, towers: Sequence[str],
               destinations: Sequence[str], low: int, high: int,
               precision: float = 0.05) -> int | None:
-    """The size in [low, high] bytes from which `second` is predicted faster
-    than `first`, to within `precision` (relative), or None when the order
-    does not change between `low` and `high`."""
+    """Where `second` overtakes `first`, found by bisection on the size.
+
+    Args:
+      first, second: built reducers.
+      topology, towers, destinations: as for `predict_rows`.
+      low, high: the sizes in bytes to search between.
+      precision: how close (relative) the answer is.
+
+    Returns:
+      The size in bytes from which `second` is predicted faster than
+      `first`, or None when the order does not change between `low` and
+      `high`.
+    """
     def second_wins(nbytes):
         return (predict_seconds(second, topology, towers, destinations, nbytes)
                 < predict_seconds(first, topology, towers, destinations, nbytes))

@@ -271,6 +271,9 @@ def loads(text: str, origin: str = "topology") -> Topology:
 def load(path: str) -> Topology:
     """The topology in the file `path`, or the built-in of that name (builtin_names()).
 
+    Returns:
+      The Topology.
+
     Raises:
       TopologyError: no such file or built-in, or a malformed file (one line
         naming the field).
@@ -289,7 +292,11 @@ def load(path: str) -> Topology:
 
 
 def dump(topology: Topology) -> str:
-    """`topology` as JSON that `loads` reads back, one link per ordered pair."""
+    """`topology` as JSON that `loads` reads back.
+
+    Returns:
+      The text, one link per ordered pair.
+    """
     data = {
         "name": topology.name,
         "sources": list(topology.sources),
@@ -310,7 +317,11 @@ def dump(topology: Topology) -> str:
 
 
 def builtin_names() -> list[str]:
-    """Names of the topology files that come with tower-train."""
+    """Names of the topology files that come with tower-train.
+
+    Returns:
+      The names `load` takes (`dgx1-v100`, ...), sorted.
+    """
     return sorted(f[:-5] for f in os.listdir(_HERE) if f.endswith(".json"))
 
 
