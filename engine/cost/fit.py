@@ -13,7 +13,9 @@ time (so that small transfers count as much as large ones):
   is `gamma_read`; a chain of tiny ops gives `op_seconds`;
 * a host's cores: every one of its devices adding at once, against one
   alone (1 when one add already fills the host, up to the device count);
-* a host's fixed cost of a call: calls that touch 1, 2, ... of its devices.
+* a host's fixed cost of a call: calls that hop from one of its devices to
+  1, 2, ... others and back, less what the figures above say their hops and
+  ops take.
 
 Every timing is the fastest of `repeats` calls, after warm-up calls (see
 `_best_times`); compare predictions with the fastest call of what they predict.
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from engine.cost import model, schedule
 from engine.cost.topology import Device, Host, Link, Topology
 from engine.topology.devices import task_of
 
@@ -142,16 +145,23 @@ def _variable(device: str, nbytes: int) -> tf.Variable:
         return tf.Variable(tf.ones([max(1, nbytes // 4)], tf.float32), trainable=False)
 
 
-def _touch_function(devices: Sequence[str], sinks: _Sinks):
-    """Writes a scalar on each of `devices`: the fixed cost of a call on them."""
-    scalars = [sinks(d) for d in devices]
+def _gather_function(devices: Sequence[str], sinks: _Sinks):
+    """A scalar from the first device to each other and back, summed where
+    it started: a call that runs on `devices` and hops between them, as a
+    reduction's does."""
+    sink = sinks(devices[0])
 
     @tf.function(autograph=False)
-    def touch():
-        for device, sink in zip(devices, scalars):
+    def gather():
+        with tf.device(devices[0]):
+            x = sink.read_value()
+        away = []
+        for device in devices[1:]:
             with tf.device(device):
-                sink.assign_add(1.0)
-    return touch
+                away.append(tf.identity(x) + 1.0)
+        with tf.device(devices[0]):
+            sink.assign(tf.add_n([x + 1.0, *[tf.identity(y) for y in away]]))
+    return gather
 
 
 def _chain_function(device: str, length: int, sinks: _Sinks):
@@ -302,16 +312,6 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     def timed(*calls, repeats=repeats):
         return _best_times(calls, repeats, warmup)
 
-    # The fixed cost of a call, and of each device it runs on.
-    fixed = {}
-    for host, members in by_host.items():
-        counts = list(range(1, len(members) + 1))
-        times = timed(*[(_touch_function(members[:k], sinks), ()) for k in counts],
-                      repeats=10 * repeats)
-        call, per_device, errors[f"call {host}"] = _line(counts, times)
-        fixed[host] = (call, per_device)
-        say(f"call on {host}: {1e6 * call:.0f} us + {1e6 * per_device:.0f} us per device")
-
     # Each device: the fixed time of an op, and seconds per byte of an add.
     measured: dict[str, Device] = {}
     for device in devices:
@@ -336,11 +336,8 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
             continue
         together, alone = timed((_adds_function(members, add_sizes[-1], sinks), ()),
                                 (_adds_function(members[:1], add_sizes[-1], sinks), ()))
-        call, per_device = fixed[host]
-        alone -= call + per_device
-        spent = together - call - per_device * len(members)
         limit = len(members) if host != "localhost" else min(len(members), os.cpu_count() or 1)
-        cores[host] = float(min(limit, max(1.0, len(members) * alone / max(spent, 1e-9))))
+        cores[host] = float(min(limit, max(1.0, len(members) * alone / together)))
         say(f"host {host}: {len(members)} adds at once run as fast as on "
             f"{cores[host]:.2f} cores")
 
@@ -376,6 +373,22 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
             links[(src, dst)] = Link(src, dst, alpha, beta, shared)
             say(f"link {src} -> {dst}: {1e6 * alpha:.1f} us + {1e9 * beta:.4f} ns per byte")
     measured, links = _pooled(measured, links, by_host)
+
+    # The fixed cost of a call, and of each device it runs on: calls that
+    # hop from one device to 1, 2, ... others and back, less what the model
+    # with the figures above says their hops and ops take.
+    fixed = {}
+    for host, members in by_host.items():
+        partial = Topology("partial", tuple(
+            Host(h, cores[h], 0.0, 0.0, tuple(measured[d] for d in m))
+            for h, m in by_host.items()), links)
+        functions = [_gather_function(members[:k], sinks) for k in range(1, len(members) + 1)]
+        times = timed(*[(f, ()) for f in functions], repeats=10 * repeats)
+        spent = [t - model.predict(schedule.from_graph(f.get_concrete_function().graph),
+                                   partial).seconds for t, f in zip(times, functions)]
+        call, per_device, errors[f"call {host}"] = _line(range(1, len(members) + 1), spent)
+        fixed[host] = (call, per_device)
+        say(f"call on {host}: {1e6 * call:.0f} us + {1e6 * per_device:.0f} us per device")
     topology = Topology(
         name=name,
         hosts=tuple(
