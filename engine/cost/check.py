@@ -22,22 +22,33 @@ def relative_errors(rows: Sequence[dict]) -> list[float]:
             for r in rows if r.get("predicted_seconds") is not None]
 
 
-def order_agreement(rows: Sequence[dict]) -> tuple[int, int]:
-    """(pairs ordered as measured, pairs compared): pairs of reducers on the
-    same towers and size whose measured times differ by more than DIFFERENT."""
+# Predicted times closer than this (relative) are a tie: the model has no order.
+TIE = 0.02
+
+
+def order_agreement(rows: Sequence[dict]) -> tuple[int, int, int]:
+    """(pairs ordered as measured, pairs compared, pairs the model ties):
+    pairs of reducers on the same towers and size whose measured times
+    differ by more than DIFFERENT; a pair whose predictions are within TIE
+    of each other (the same schedule, ring and tree on two towers) is a tie,
+    counted apart."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("predicted_seconds") is not None:
             groups.setdefault((r["towers"], r["tensor_bytes"]), []).append(r)
-    agree = compared = 0
+    agree = compared = ties = 0
     for group in groups.values():
         for i, a in enumerate(group):
             for b in group[i + 1:]:
                 fast, slow = sorted((a["best_seconds"], b["best_seconds"]))
                 if slow <= fast * (1 + DIFFERENT):
                     continue
+                low, high = sorted((a["predicted_seconds"], b["predicted_seconds"]))
+                if high <= low * (1 + TIE):
+                    ties += 1
+                    continue
                 compared += 1
                 measured = a["best_seconds"] < b["best_seconds"]
                 predicted = a["predicted_seconds"] < b["predicted_seconds"]
                 agree += measured == predicted
-    return agree, compared
+    return agree, compared, ties

@@ -187,8 +187,9 @@ def error_line(rows) -> str:
     errors = relative_errors(rows)
     if not errors:
         return "model: no row predicted"
-    agree, compared = order_agreement(rows)
+    agree, compared, ties = order_agreement(rows)
+    tied = f" (and ties {ties} more)" if ties else ""
     return (f"model: median absolute error {100 * statistics.median(map(abs, errors)):.0f}% "
             f"over {len(errors)} rows (worst {100 * max(map(abs, errors)):.0f}%); "
-            f"it orders {agree} of {compared} pairs of reducers that differ by more than 20% "
-            "as measured")
+            f"it orders {agree} of {compared} pairs of reducers measured more than 20% apart "
+            f"as measured{tied}")

@@ -88,7 +88,10 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup,
         "compress": options.compress,
         "reduction_bytes": None if state is None else state.step_bytes(),
     }
+    import tensorflow as tf
+
     from engine.cost.compare import bus_factor
+    from engine.reducers.auto import Auto
 
     seconds = statistics.median(times)
     algbw = 4 * size / seconds
@@ -101,6 +104,8 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup,
         "algbw": algbw,
         "busbw": algbw * bus_factor(len(devices), variables == "replicated"),
         "predicted_seconds": predicted,
+        "chose": (reducer.choose(size, tf.float32, devices, destinations)
+                  if isinstance(reducer, Auto) else None),
         "bytes_moved": sum(per_device.values()),
         "ideal_bytes": placement_report.reduction_bytes(info),
         "busiest_device_bytes": max(per_device.values(), default=0),
@@ -353,19 +358,25 @@ def reduce_bench(devices, reduce_device, check, sizes, names, user_reducers, var
     for_auto = machine
     if "auto" in chosen and for_auto is None:
         for_auto = cost_tables.quick_fit(placement, cluster_options)
+    options = {}
     for name in [*chosen, *user_reducers]:
         try:
-            options = reducers.ReducerOptions(
+            options[name] = reducers.ReducerOptions(
                 name, group_size, 0, compress, for_auto if name == "auto" else None)
         except reducers.ReducerError:
             raise  # OneLineCommand names the flags
-        for nbytes in byte_sizes:
+    # Size by size, every reducer in turn: the reducers compared at a size are
+    # timed minutes apart at most, whatever else the machine does meanwhile.
+    for nbytes in byte_sizes:
+        for name, option in options.items():
             try:
-                rows.append(measure(name, placement, nbytes // 4, options, variables,
+                rows.append(measure(name, placement, nbytes // 4, option, variables,
                                     repeats, warmup, machine))
             except reducers.ReducerError:
                 raise  # OneLineCommand names the flags
             click.echo(f"measured {name} on {nbytes / 1e6:.2f} MB", err=True)
+    order = list(options)
+    rows.sort(key=lambda r: order.index(r["reducer"]))
     click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
                f"{variables} variables, median of {repeats} reductions"
                + (f", model: topology {machine.name!r}" if machine else ""))
