@@ -304,3 +304,22 @@ def test_auto_trains_mnist_as_central_does_and_says_what_it_chose(tmp_path):
 def test_a_topology_is_only_for_auto():
     with pytest.raises(towers.UsageError, match=r"<topology> is for reducer='auto'"):
         towers.Trainer(["/cpu:0"], reducer="ring", topology="dgx1-v100")
+
+
+def test_the_readme_python_block_prints_the_dgx1_predictions(capsys):
+    """The README's cost-model example, as written."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")) as stream:
+        readme = stream.read()
+    section = readme[readme.index("### Predicting reductions"):]
+    section = section[section.index("In Python:"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    exec(block[:block.index("```")], {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "central      65536   0.415 ms busbw  0.28 GB/s",
+        "central   16777216  12.114 ms busbw  2.42 GB/s",
+        "ring         65536   1.087 ms busbw  0.11 GB/s",
+        "ring      16777216   8.442 ms busbw  3.48 GB/s",
+        "tree         65536   0.646 ms busbw  0.18 GB/s",
+        "tree      16777216   1.719 ms busbw 17.08 GB/s",
+    ]
