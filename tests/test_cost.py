@@ -188,13 +188,18 @@ def test_a_malformed_topology_file_stops_the_bench_before_tensorflow(tmp_path):
 
 
 def test_the_bench_predicts_a_topology_with_a_users_reducer_and_the_crossovers(tmp_path):
+    # --predict configures no device: it runs in this process as on the command line.
+    from click.testing import CliRunner
+
+    from towers.cli.reduce_bench import reduce_bench
+
     rows_path = tmp_path / "rows.json"
-    result = run_cli("tower-reduce-bench", "--topology", "pcie-4gpu", "--predict",
-                     "--sizes", "64K,16M", "--reducers", "central,ring",
-                     "--reducer", "tests.user_reducers:gather_on_first", "--json",
-                     str(rows_path))
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    result = CliRunner().invoke(reduce_bench, [
+        "--topology", "pcie-4gpu", "--predict", "--sizes", "64K,16M", "--reducers",
+        "central,ring", "--reducer", "tests.user_reducers:gather_on_first", "--json",
+        str(rows_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
     assert lines[0] == ("predicted on topology 'pcie-4gpu': 4 towers (/gpu:0, /gpu:1, "
                         "/gpu:2, /gpu:3), reduce device /cpu:0, replicated variables")
     rows = json.loads(rows_path.read_text())

@@ -92,6 +92,10 @@ class Device:
 
 @dataclasses.dataclass(frozen=True)
 class Host:
+    """A machine: its devices, how many of its CPU devices' ops run at once
+    at full speed (`cores`), and the fixed cost of a call (`call_seconds`,
+    and `partition_seconds` for each device the call runs on)."""
+
     name: str
     cores: float
     call_seconds: float
@@ -101,6 +105,9 @@ class Host:
 
 @dataclasses.dataclass(frozen=True)
 class Link:
+    """A transfer from `src` to `dst`: `alpha + beta x bytes` seconds alone;
+    transfers that name one `shared` resource (or use one link) divide it."""
+
     src: str
     dst: str
     alpha: float
