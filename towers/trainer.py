@@ -45,7 +45,9 @@ class Trainer:
       reducer: `"central"`, `"ring"`, `"tree"`, `"hierarchical"`,
         `"collective"`, `"nccl"`; a reducer with state with its parameters,
         `"topk:ratio=0.01"`, `"powersgd:rank=2,start_after=0"`, `"signsgd"`,
-        `"localsgd:every=8"`; `"package.module:function"` (or `:Class` of a
+        `"localsgd:every=8"`; `"auto"` (each gradient to the built-in the
+        cost model predicts fastest, see `topology`);
+        `"package.module:function"` (or `:Class` of a
         `towers.reducers.StatefulReducer`); a function of (tower_grads,
         devices, destinations) returning the mean for each destination
         (README, "Your own reducer"); or a StatefulReducer object (README,

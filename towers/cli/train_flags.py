@@ -126,7 +126,8 @@ _OPTIONS = [
         help="How gradients are averaged: central (on --reduce-device), ring, "
         "tree, hierarchical, collective, nccl (GPU only); with state: "
         "topk[:ratio=0.01], powersgd[:rank=2,start_after=0], signsgd, "
-        "localsgd[:every=8] (with --variables replicated); or "
+        "localsgd[:every=8] (with --variables replicated); auto (per gradient, "
+        "the one the cost model predicts fastest; see --topology); or "
         "package.module:function or :Class (see the README for the contract).",
     ),
     click.option(
