@@ -62,9 +62,9 @@ class FitOptions:
 
     def __post_init__(self):
         if not self.sizes or min(self.sizes) < 4:
-            raise ValueError(f"<sizes> {self.sizes!r}: give sizes of at least 4 bytes")
+            raise ValueError(f"sizes {self.sizes!r}: give sizes of at least 4 bytes")
         if self.repeats < 1:
-            raise ValueError(f"<repeats> ({self.repeats}) must be at least 1")
+            raise ValueError(f"repeats ({self.repeats}) must be at least 1")
 
 
 # What `--reducer auto` measures at start-up when given no topology: fewer
@@ -178,38 +178,17 @@ def _chain_function(device: str, length: int, sinks: _Sinks):
     return chain
 
 
-def _add_function(device: str, nbytes: int, sinks: _Sinks):
-    """An add of two buffers of `nbytes` on `device`."""
-    x, y, sink = _variable(device, nbytes), _variable(device, nbytes), sinks(device)
+def _adds_function(devices: Sequence[str], nbytes: int, sinks: _Sinks, count: int = 2):
+    """An add of `count` buffers of `nbytes`, one op, on each of `devices`
+    at once."""
+    adds = [(d, [_variable(d, nbytes) for _ in range(count)], sinks(d)) for d in devices]
 
     @tf.function(autograph=False)
     def add():
-        with tf.device(device):
-            sink.assign((x.read_value() + y.read_value())[0])
-    return add
-
-
-def _add_n_function(device: str, nbytes: int, count: int, sinks: _Sinks):
-    """The sum of `count` buffers of `nbytes` on `device`, one op."""
-    xs, sink = [_variable(device, nbytes) for _ in range(count)], sinks(device)
-
-    @tf.function(autograph=False)
-    def add_n():
-        with tf.device(device):
-            sink.assign(tf.add_n([x.read_value() for x in xs])[0])
-    return add_n
-
-
-def _adds_function(devices: Sequence[str], nbytes: int, sinks: _Sinks):
-    """An add of two buffers of `nbytes` on each of `devices`, all at once."""
-    pairs = [(d, _variable(d, nbytes), _variable(d, nbytes), sinks(d)) for d in devices]
-
-    @tf.function(autograph=False)
-    def adds():
-        for device, x, y, sink in pairs:
+        for device, xs, sink in adds:
             with tf.device(device):
-                sink.assign((x.read_value() + y.read_value())[0])
-    return adds
+                sink.assign(tf.add_n([x.read_value() for x in xs])[0])
+    return add
 
 
 def _transfer_function(src: str, dst: str, source: tf.Variable, sinks: _Sinks,
@@ -302,10 +281,10 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     # Adds stop at 16 MB: past it, every call's fresh output buffer costs the
     # kernel's page faults more than the add (a 64 MB add: 30% more per byte).
     add_sizes = [s for s in sizes if s <= ADD_LIMIT] or sizes[:1]
-    hosts = dict(hosts or {})
+    machine = {d: (hosts or {}).get(d) or _host_of(d) for d in devices}
     by_host: dict[str, list[str]] = {}
     for device in devices:
-        by_host.setdefault(hosts.get(device) or _host_of(device), []).append(device)
+        by_host.setdefault(machine[device], []).append(device)
     errors: dict[str, float] = {}
     sinks = _Sinks()
 
@@ -318,10 +297,10 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
         short, long = timed((_chain_function(device, 1, sinks), ()),
                             (_chain_function(device, 33, sinks), ()), repeats=10 * repeats)
         op_seconds = max(0.0, (long - short) / 32)
-        times = timed(*[(_add_function(device, s, sinks), ()) for s in add_sizes])
+        times = timed(*[(_adds_function([device], s, sinks), ()) for s in add_sizes])
         _, gamma, errors[f"add {device}"] = _line(add_sizes, times)
         # What each buffer more costs an add: the read of one more byte.
-        times = timed(*[(_add_n_function(device, s, READS, sinks), ()) for s in add_sizes])
+        times = timed(*[(_adds_function([device], s, sinks, READS), ()) for s in add_sizes])
         _, slope, errors[f"add_n {device}"] = _line(add_sizes, times)
         gamma_read = max(0.0, (slope - gamma) / (READS - 2))
         measured[device] = Device(device, gamma, op_seconds, gamma_read)
@@ -355,11 +334,9 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     counts = [tf.constant(max(1, s // 4), tf.int32) for s in sizes]
     for src in devices:
         source = _variable(src, sizes[-1])
-        src_host = hosts.get(src) or _host_of(src)
         for dst in devices:
             if dst == src:
                 continue
-            dst_host = hosts.get(dst) or _host_of(dst)
             stay = _transfer_function(src, dst, source, sinks, move=False)
             move = _transfer_function(src, dst, source, sinks)
             times = timed(*[(f, (n,)) for n in counts for f in (stay, move)])
@@ -369,7 +346,7 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
             # How well the line explains the calls: stay + alpha + beta x size.
             errors[f"link {src}->{dst}"] = statistics.median(
                 abs(s + alpha + beta * size - m) / m for s, m, size in zip(stayed, moved, sizes))
-            shared = (f"host:{src_host}",) if src_host == dst_host else ()
+            shared = (f"host:{machine[src]}",) if machine[src] == machine[dst] else ()
             links[(src, dst)] = Link(src, dst, alpha, beta, shared)
             say(f"link {src} -> {dst}: {1e6 * alpha:.1f} us + {1e9 * beta:.4f} ns per byte")
     measured, links = _pooled(measured, links, by_host)
@@ -377,11 +354,11 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     # The fixed cost of a call, and of each device it runs on: calls that
     # hop from one device to 1, 2, ... others and back, less what the model
     # with the figures above says their hops and ops take.
+    partial = Topology("partial", tuple(
+        Host(h, cores[h], 0.0, 0.0, tuple(measured[d] for d in m))
+        for h, m in by_host.items()), links)
     fixed = {}
     for host, members in by_host.items():
-        partial = Topology("partial", tuple(
-            Host(h, cores[h], 0.0, 0.0, tuple(measured[d] for d in m))
-            for h, m in by_host.items()), links)
         functions = [_gather_function(members[:k], sinks) for k in range(1, len(members) + 1)]
         times = timed(*[(f, ()) for f in functions], repeats=10 * repeats)
         spent = [t - model.predict(schedule.from_graph(f.get_concrete_function().graph),
@@ -392,8 +369,7 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     topology = Topology(
         name=name,
         hosts=tuple(
-            Host(host, cores[host], max(0.0, fixed[host][0]), max(0.0, fixed[host][1]),
-                 tuple(measured[d] for d in members))
+            Host(host, cores[host], *fixed[host], tuple(measured[d] for d in members))
             for host, members in by_host.items()
         ),
         links=links,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-from engine.cost import model, schedule
+from engine.cost import compare
 from engine.cost.topology import Topology
 from engine.reducers.base import check_towers
 from engine.reducers.stateful import ReducerContext
@@ -69,8 +69,8 @@ class Auto:
             topology = self.topology(sorted(set(devices) | set(destinations)))
             with tf.init_scope():  # trace apart from any function being traced
                 self._predictions[key] = {
-                    name: model.predict(schedule.trace_reduction(
-                        reducer, devices, destinations, [elements], dtype), topology).seconds
+                    name: compare.predict_seconds(reducer, topology, devices, destinations,
+                                                  elements * dtype.size, dtype)
                     for name, reducer in self.candidates.items()
                 }
         return self._predictions[key]

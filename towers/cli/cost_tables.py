@@ -125,6 +125,7 @@ def predict(machine, devices, reduce_device, names, user_reducers, sizes, variab
     """Prints the model's table for `machine`; returns its rows."""
     from engine.cost import compare
     from engine.cost.topology import TopologyError
+    from engine.reducers.base import ReducerError
     from engine.topology.devices import canonical
     from towers import cost
 
@@ -138,15 +139,18 @@ def predict(machine, devices, reduce_device, names, user_reducers, sizes, variab
         # `0,3,2,1`: the topology's GPUs by ordinal, as tower-train takes them.
         towers = [f"/gpu:{d.strip()}" if d.strip().isdigit() else canonical(d.strip()) or d.strip()
                   for d in devices.split(",")]
-    reduce_device = canonical(reduce_device) if reduce_device else None
+    towers = towers or compare.towers_of(machine)
+    reduce_device = (canonical(reduce_device) if reduce_device
+                     else compare.default_reduce_device(machine, towers))
+    destinations = towers if variables == "replicated" else [reduce_device]
     try:
-        rows = cost.compare(machine, [*chosen, *user_reducers], sizes, towers=towers,
-                            reduce_device=reduce_device, variables=variables,
-                            group_size=group_size)
+        built = cost.reducers_for([*chosen, *user_reducers], towers, reduce_device, group_size)
+    except ReducerError as err:  # the flag's option is named `names`
+        raise UsageFailure(err.render({"reducers": "--reducers"})) from None
+    try:
+        rows = compare.predict_rows(built, machine, towers, destinations, sizes)
     except TopologyError as err:
         raise UsageFailure(f"--devices: {err}") from None
-    towers = towers or compare.towers_of(machine)
-    reduce_device = reduce_device or compare.default_reduce_device(machine, towers)
     click.echo(f"predicted on topology {machine.name!r}: {len(towers)} towers "
                f"({', '.join(towers)}), reduce device {reduce_device}, {variables} variables")
     header = f"{'reducer':<16}{'tensor':>10}{'model ms':>10}{'algbw':>8}{'busbw':>8}"
@@ -158,13 +162,10 @@ def predict(machine, devices, reduce_device, names, user_reducers, sizes, variab
     click.echo("algbw, busbw: GB/s as nccl-tests define them")
     best = compare.fastest(rows)
     click.echo("fastest: " + ", ".join(f"{size_text(s)} {name}" for s, name in best.items()))
-    built = cost.reducers_for([r for r in dict.fromkeys(r.reducer for r in rows)],
-                              towers, reduce_device, group_size)
     if "central" in built:
         for other in ("ring", "tree", "hierarchical"):
             if other not in built:
                 continue
-            destinations = towers if variables == "replicated" else [reduce_device]
             size = compare.crossover(built["central"], built[other], machine, towers,
                                      destinations, min(sizes), max(sizes))
             if size is not None:
