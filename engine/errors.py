@@ -30,9 +30,9 @@ ARGUMENTS = frozenset("""
     format gpu_memory group_size growth_interval initial keep_checkpoints learning_rate
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
     mixed_precision model optimizer pack_bytes path pipeline
-    placement_log port prefetch profile_steps reduce_device reducer resume seed sizes
+    placement_log port prefetch profile_steps reduce_device reducer reducers resume seed sizes
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
-    variables xla
+    topology variables xla
 """.split())
 
 _MARKER = re.compile(r"<([a-z_][a-z0-9_]*)(?:=([^<>]*))?>")

@@ -130,7 +130,7 @@ def compare(topology: Topology, reducers: Sequence[str | Callable] = MODELLED,
       ValueError: `variables` is neither mode.
     """
     if variables not in ("replicated", "reduce-device"):
-        raise ValueError(f"<variables> {variables!r} is not replicated or reduce-device")
+        raise ValueError(f"variables {variables!r} is not replicated or reduce-device")
     towers = list(towers or towers_of(topology))
     reduce_device = reduce_device or default_reduce_device(topology, towers)
     destinations = towers if variables == "replicated" else [reduce_device]
