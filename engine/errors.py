@@ -27,9 +27,10 @@ __all__ = ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"]
 ARGUMENTS = frozenset("""
     batch_size check check_reducer check_replicas checkpoint_dir checkpoint_every cluster compress
     compute_dtype connect_timeout dali_threads data deterministic devices epochs eval_steps
-    format gpu_memory group_size growth_interval initial keep_checkpoints learning_rate
+    augment format gpu_memory group_size growth_interval image_shape image_size initial
+    keep_checkpoints learning_rate
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
-    mixed_precision model optimizer pack_bytes path pipeline
+    mixed_precision model num_classes optimizer pack_bytes path pipeline
     placement_log port prefetch profile_steps reduce_device reducer reducers resume seed sizes
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
     topology variables xla

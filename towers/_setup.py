@@ -54,13 +54,14 @@ def cluster_options(spec: str | None, connect_timeout: float, request):
 
 
 def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
-                  step_timeout: float) -> None:
+                  step_timeout: float, image_size: int | None = None) -> None:
     """Refuses counts and times out of range, naming the argument."""
     if not step_timeout > 0:
         raise UsageError(f"<step_timeout> ({step_timeout:g}) must be positive")
     for argument, value in (("batch_size", batch_size),
                             ("dali_threads", 1 if dali_threads is None else dali_threads),
-                            ("prefetch", prefetch)):
+                            ("prefetch", prefetch),
+                            ("image_size", 1 if image_size is None else image_size)):
         if value < 1:
             raise UsageError(f"<{argument}> ({value}) must be at least 1")
 
@@ -133,7 +134,8 @@ def load_topology(topology, reducer):
 
 def run_options(placement, info, source, model, model_fn, *, optimizer, learning_rate,
                 loss, batch_size, reducer, variables, group_size, pack_bytes, compress, topology,
-                mixed_precision, xla, seed, dali_threads, prefetch) -> RunOptions:
+                mixed_precision, xla, seed, dali_threads, prefetch, image_size=None,
+                augment=None) -> RunOptions:
     """The data, model and reducer options of a run on `placement`."""
     from engine import reducers
     from engine.core import precision
@@ -150,8 +152,10 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
         train_path=info.train_path,
         val_path=info.val_path,
         batch_size=batch_size,
-        image_shape=source.image_shape,
+        image_shape=image_shape(source, info, models.default_input_shape(model), image_size),
         num_classes=info.num_classes,
+        stored_shape=info.image_shape,
+        augment=info.augment if augment is None else augment,
         seed=seed,
         num_threads=dali_threads or data_lib.default_threads(towers),
         prefetch=prefetch,
@@ -165,6 +169,16 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
     return RunOptions(data_options, model_options,
                       reducers.ReducerOptions(reducer, group_size, pack_bytes, compress,
                                               topology))
+
+
+def image_shape(source, info, model_shape, image_size: int | None) -> tuple[int, int, int]:
+    """The (height, width, channels) a run decodes images to: the source's
+    own shape, else the model's default, else as the data is stored, else
+    28 x 28 x 1; `image_size` then sets height and width."""
+    shape = source.image_shape or model_shape or info.image_shape or (28, 28, 1)
+    if image_size is not None:
+        shape = (image_size, image_size, shape[2])
+    return tuple(shape)
 
 
 def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> None:

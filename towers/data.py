@@ -47,10 +47,14 @@ class Source:
     Attributes:
       kind: `mnist`, `directory`, `synthetic` or `pipeline`.
       path: the data directory (mnist, directory).
-      format: `auto`, `caffe2` or `folder` (directory).
+      format: `auto`, `caffe2`, `folder`, `jpeg` or `tfrecord` (directory);
+        `caffe2`, `jpeg` or `tfrecord` (mnist).
       function: the pipeline function (pipeline).
-      image_shape: (height, width, channels) of the images.
-      num_classes: labels are in [0, num_classes).
+      image_shape: (height, width, channels) of the images; None (mnist,
+        directory, synthetic): the model's `default_input_shape`, else as
+        stored (28 x 28 x 1 for MNIST and synthetic data).
+      num_classes: labels are in [0, num_classes) (synthetic, pipeline, and
+        directories of TFRecords without meta.json); None: from the data.
       size: training samples (pipeline; None: unknown, epochs of 100 steps).
       val_size: held-out samples the function reads with `training=False`
         (pipeline; None: no held-out set).
@@ -60,8 +64,8 @@ class Source:
     path: str | None = None
     format: str = "auto"
     function: Callable | None = None
-    image_shape: tuple[int, int, int] = (28, 28, 1)
-    num_classes: int = 10
+    image_shape: tuple[int, int, int] | None = None
+    num_classes: int | None = None
     size: int | None = None
     val_size: int | None = None
 
@@ -82,7 +86,7 @@ class Source:
         from engine import data as data_lib
 
         if self.kind == "synthetic":
-            return DatasetInfo("synthetic", None, None, None, None, self.num_classes)
+            return DatasetInfo("synthetic", None, None, None, None, self.num_classes or 10)
         if self.kind == "pipeline":
             name = label(self.function)
             return DatasetInfo("pipeline", name, name if self.val_size else None,
@@ -90,51 +94,79 @@ class Source:
         if not self.is_prepared:
             from engine.data import mnist as mnist_lib
 
+            flag = "" if self.format == "caffe2" else f" --format {self.format}"
             say(f"no MNIST in {self.path} yet; preparing it "
-                f"(the same as: tower-data mnist {self.path})")
-            mnist_lib.prepare(self.path, log=lambda m: say(f"  {m}"))
-        return data_lib.inspect(self.path, self.format)
+                f"(the same as: tower-data mnist {self.path}{flag})")
+            mnist_lib.prepare(self.path, log=lambda m: say(f"  {m}"), format=self.format)
+        return data_lib.inspect(self.path, self.format, self.num_classes)
 
 
-def mnist(path: str | None = None) -> Source:
-    """Real MNIST, 60,000 training and 10,000 held-out digits, as Caffe2 LMDB.
+def mnist(path: str | None = None, format: str = "caffe2") -> Source:
+    """Real MNIST, 60,000 training and 10,000 held-out digits.
 
     Args:
-      path: where it is kept; default `~/.cache/tower-train/mnist`. Prepared
-        there on first use (the same as `tower-data mnist PATH`).
+      path: where it is kept; default `~/.cache/tower-train/mnist` (with
+        `-jpeg` or `-tfrecord` after it for those formats). Prepared there
+        on first use (the same as `tower-data mnist PATH --format FORMAT`).
+      format: `caffe2` (LMDB), `jpeg` (class folders and file lists) or
+        `tfrecord` (ImageNet-format TFRecords).
 
     Returns:
       The source.
+
+    Raises:
+      DataError: an unknown format.
     """
-    return Source("mnist", path=path or DEFAULT_MNIST)
+    from engine.data.mnist import FORMATS
+
+    if format not in FORMATS:
+        raise DataError(f"<format> {format!r} is not one of {', '.join(FORMATS)}")
+    default = DEFAULT_MNIST if format == "caffe2" else f"{DEFAULT_MNIST}-{format}"
+    return Source("mnist", path=path or default, format=format)
 
 
-def directory(path: str, format: str = "auto") -> Source:
-    """A data directory with `train/` (and `val/`): LMDB databases or class folders.
+def directory(path: str, format: str = "auto", num_classes: int | None = None) -> Source:
+    """A data directory: LMDB databases, class folders, JPEGs with file lists,
+    or TFRecords (engine.data.inspect describes each layout).
 
     Args:
       path: the directory.
-      format: `caffe2` (LMDB), `folder` (one sub-folder per class) or `auto`.
+      format: `caffe2` (LMDB), `folder` (one sub-folder per class), `jpeg`
+        (class folders or `train.txt`/`val.txt` file lists, augmented),
+        `tfrecord` (ImageNet-format TFRecords, augmented; missing DALI
+        index files are made) or `auto`.
+      num_classes: for TFRecords without a meta.json saying it; None: from
+        the data.
 
     Returns:
       The source; it is checked when a Trainer is made.
+
+    Raises:
+      DataError: an unknown format.
     """
-    if format not in ("auto", "caffe2", "folder"):
-        raise DataError(f"<format> {format!r} is not one of auto, caffe2, folder")
-    return Source("directory", path=path, format=format)
+    from engine.data.inspect import STORED_FORMATS
+
+    if format not in ("auto", *STORED_FORMATS):
+        raise DataError(
+            f"<format> {format!r} is not one of auto, {', '.join(STORED_FORMATS)}"
+        )
+    return Source("directory", path=path, format=format, num_classes=num_classes)
 
 
-def synthetic(image_shape=(28, 28, 1), num_classes: int = 10) -> Source:
-    """Uniform random images and labels generated by DALI on each tower: no files.
+def synthetic(image_shape=None, num_classes: int = 10) -> Source:
+    """Images generated by DALI on each tower, no files: random labels, each
+    image its class's fixed pattern plus noise, so that a model can learn them.
 
     Args:
-      image_shape: (height, width, channels).
+      image_shape: (height, width, channels); None: the model's
+        `default_input_shape`, else 28 x 28 x 1.
       num_classes: labels are in [0, num_classes).
 
     Returns:
       The source.
     """
-    return Source("synthetic", image_shape=tuple(image_shape), num_classes=num_classes)
+    return Source("synthetic", image_shape=None if image_shape is None else tuple(image_shape),
+                  num_classes=num_classes)
 
 
 def pipeline(
@@ -172,3 +204,4 @@ def pipeline(
     check_signature(function, "pipeline", PIPELINE_CONTRACT, SHARD_EXAMPLE)
     return Source("pipeline", function=function, image_shape=tuple(image_shape),
                   num_classes=num_classes, size=size, val_size=val_size)
+

@@ -42,6 +42,11 @@ class Trainer:
         function of (labels, outputs) giving one value per sample.
       data: a `towers.data` source; default `towers.data.mnist()`.
       batch_size: samples per tower per step.
+      image_size: decode and resize images to image_size x image_size;
+        default: the model's own size (the ResNets'), else as stored.
+      augment: the standard ImageNet training augmentation and evaluation
+        crop (`towers.data.DataOptions`); default: as the data says (on
+        for JPEG and TFRecord data, off for MNIST in any format).
       reducer: `"central"`, `"ring"`, `"tree"`, `"hierarchical"`,
         `"collective"`, `"nccl"`; a reducer with state with its parameters,
         `"topk:ratio=0.01"`, `"powersgd:rank=2,start_after=0"`, `"signsgd"`,
@@ -92,6 +97,8 @@ class Trainer:
         loss=None,
         data: sources.Source | None = None,
         batch_size: int = 64,
+        image_size: int | None = None,
+        augment: bool | None = None,
         reducer: str | Callable = "central",
         variables: str = "reduce-device",
         reduce_device: str | None = None,
@@ -124,7 +131,8 @@ class Trainer:
         request = devs.parse_request(devices, reduce_device, gpu_memory)
         cluster_options = setup.cluster_options(cluster, connect_timeout, request)
         setup.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
-                            prefetch=prefetch, step_timeout=step_timeout)
+                            prefetch=prefetch, step_timeout=step_timeout,
+                            image_size=image_size)
         if xla and deterministic:
             raise UsageError(
                 "<xla=True> <deterministic=True>: XLA has no deterministic version of "
@@ -134,6 +142,11 @@ class Trainer:
         topology = setup.load_topology(topology, reducer)
         source = data or sources.mnist()
         model_fn = models.builder(model)
+        if image_size is not None and source.kind == "pipeline":
+            raise UsageError(
+                f"<image_size={image_size}>: a <pipeline> decodes to its own "
+                "image_shape (towers.data.pipeline); drop <image_size>"
+            )
         # Data the user named is checked before TensorFlow starts; MNIST that
         # is still to be prepared waits until the devices are known to be good.
         info = source.inspect(self._say) if source.is_prepared else None
@@ -153,7 +166,8 @@ class Trainer:
             batch_size=batch_size, reducer=reducer, variables=variables,
             group_size=group_size, pack_bytes=pack_bytes, compress=compress,
             topology=topology, mixed_precision=mixed_precision, xla=xla, seed=seed,
-            dali_threads=dali_threads, prefetch=prefetch,
+            dali_threads=dali_threads, prefetch=prefetch, image_size=image_size,
+            augment=augment,
         )
         self.towers = None
         self.checkpoint_dir = None

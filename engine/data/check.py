@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from engine.data.inspect import IMAGE_EXTENSIONS, class_folders
+from engine.data.inspect import IMAGE_EXTENSIONS, class_folders, tfrecord_files
 
 _INPUT_NODE = re.compile(r"input_(\d+)/IteratorGetNext")
 
@@ -35,6 +35,30 @@ def _folder_samples(root: str) -> Iterator[tuple[str, bytes]]:
                 path = os.path.join(folder, file)
                 with open(path, "rb") as stream:
                     yield path, stream.read()
+
+
+def _list_samples(listing: str) -> Iterator[tuple[str, bytes]]:
+    """The files a DALI file list names, paths relative to its folder."""
+    root = os.path.dirname(listing)
+    with open(listing) as stream:
+        for line in stream:
+            if line.strip():
+                path = os.path.join(root, line.rsplit(maxsplit=1)[0])
+                try:
+                    with open(path, "rb") as image:
+                        yield path, image.read()
+                except OSError:
+                    yield path, b""  # a listed file that is not there
+
+
+def _tfrecord_samples(split: str) -> Iterator[tuple[str, bytes]]:
+    import tensorflow as tf
+
+    for file in tfrecord_files(split)[0]:
+        for index, record in enumerate(tf.data.TFRecordDataset(file).as_numpy_iterator()):
+            example = tf.train.Example.FromString(record)
+            encoded = example.features.feature["image/encoded"].bytes_list.value
+            yield f"{file} record {index}", encoded[0] if encoded else b""
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
@@ -92,7 +116,14 @@ def undecodable(
     """Names of the samples in `path` that cannot be decoded as images."""
     import tensorflow as tf
 
-    samples = _lmdb_samples(path) if data_format == "caffe2" else _folder_samples(path)
+    if data_format == "caffe2":
+        samples = _lmdb_samples(path)
+    elif data_format == "tfrecord":
+        samples = _tfrecord_samples(path)
+    elif os.path.isfile(path):
+        samples = _list_samples(path)
+    else:
+        samples = _folder_samples(path)
     bad = []
     for count, (name, encoded) in enumerate(samples, 1):
         try:

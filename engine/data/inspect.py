@@ -1,19 +1,42 @@
 """What a data directory holds, found without building a pipeline, and how
 DALI's readers shard it: which records each tower reads, how many held-out
-batches a pass takes, and which samples of a padded batch are real."""
+batches a pass takes, and which samples of a padded batch are real.
+
+A data directory holds a training split and optionally a held-out one, in one
+of four layouts:
+
+* `caffe2`: `train/` and `val/` are LMDB databases (`data.mdb`);
+* `folder`: `train/` and `val/` hold one sub-folder of images per class;
+* `jpeg`: ImageNet-style JPEGs, as class folders (like `folder`) or as file
+  lists `train.txt` and `val.txt` of `path label` lines, paths relative to
+  the directory;
+* `tfrecord`: `train/` and `val/` hold ImageNet-format TFRecord files
+  (`*.tfrecord`, `tf.train.Example`s with `image/encoded` and
+  `image/class/label`), each with its DALI index `NAME.idx` beside it; a
+  missing index is made with DALI's `tfrecord2idx`.
+
+An optional `meta.json` (written by `tower-data`) gives `num_classes`,
+`image_shape` (how the images are stored) and `augment` (false for digits,
+which random flips and crops would spoil).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
+import subprocess
+import sys
 
 from engine.errors import UsageError
 
-__all__ = ["DataError", "DatasetInfo", "class_folders", "eval_batches", "inspect",
-           "shard_range", "valid_counts"]
+__all__ = ["DataError", "DatasetInfo", "class_folders", "ensure_indices", "eval_batches",
+           "inspect", "shard_range", "tfrecord_files", "valid_counts"]
 
-FORMATS = ("caffe2", "folder", "synthetic")
+FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "synthetic")
+STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord")
+TFRECORD_PATTERN = "*.tfrecord"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
 
@@ -23,7 +46,18 @@ class DataError(UsageError):
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """What a data directory holds, found without building a pipeline."""
+    """What a data directory holds, found without building a pipeline.
+
+    Attributes:
+      format: one of FORMATS, or `pipeline`.
+      train_path, val_path: what the reader reads: an LMDB or folder split,
+        a file list (`jpeg`), a folder of TFRecord files (`tfrecord`).
+      train_size, val_size: samples, when known.
+      num_classes: labels are in [0, num_classes).
+      image_shape: how the images are stored, when known (meta.json).
+      augment: whether training should use the standard random crop and flip
+        (ImageNet-style data) rather than a plain resize.
+    """
 
     format: str
     train_path: str | None
@@ -31,6 +65,8 @@ class DatasetInfo:
     train_size: int | None
     val_size: int | None
     num_classes: int
+    image_shape: tuple[int, int, int] | None = None
+    augment: bool = False
 
 
 def shard_range(size: int, shard_id: int, num_shards: int) -> tuple[int, int]:
@@ -41,20 +77,28 @@ def shard_range(size: int, shard_id: int, num_shards: int) -> tuple[int, int]:
     return size * shard_id // num_shards, size * (shard_id + 1) // num_shards
 
 
-def inspect(path: str | None, data_format: str = "auto") -> DatasetInfo:
+def inspect(path: str | None, data_format: str = "auto",
+            num_classes: int | None = None) -> DatasetInfo:
     """Finds the format, splits, sizes and class count of a data directory.
 
-    `path` holds `train/` and optionally `val/`, each an LMDB database
-    (`data.mdb`) or a folder of class sub-folders. `auto` tells them apart.
+    Args:
+      path: the directory (see the module's docstring for the layouts).
+      data_format: one of FORMATS, or `auto` to tell them apart.
+      num_classes: the class count where the data does not say it (TFRecords
+        without meta.json); None: from the data.
+
+    Returns:
+      What the directory holds. With `tfrecord`, missing index files have
+      been made.
 
     Raises:
       DataError: naming the path and what a valid one holds.
     """
     if data_format == "synthetic":
-        return DatasetInfo("synthetic", None, None, None, None, 10)
+        return DatasetInfo("synthetic", None, None, None, None, num_classes or 10)
     if path is None:
         raise DataError("<path> is required unless <format=synthetic>")
-    if data_format not in ("auto", "caffe2", "folder"):
+    if data_format not in ("auto", *STORED_FORMATS):
         raise DataError(
             f"<format> {data_format!r} is not one of auto, {', '.join(FORMATS)}"
         )
@@ -63,50 +107,184 @@ def inspect(path: str | None, data_format: str = "auto") -> DatasetInfo:
             f"<path> {path!r} is not a directory; it should hold train/ "
             "(and val/), as written by 'tower-data mnist DIR'"
         )
+    meta = _meta(path)
+    if data_format in ("auto", "jpeg") and os.path.isfile(os.path.join(path, "train.txt")):
+        return _list_info(path, meta)
     train = os.path.join(path, "train")
     if not os.path.isdir(train):
         raise DataError(
-            f"<path> {path!r} has no train/ directory; it should hold train/ "
-            "(and val/), each an LMDB database or one sub-folder per class"
+            f"<path> {path!r} has no train/ directory (or train.txt file list); it "
+            "should hold train/ (and val/): LMDB databases, class sub-folders or "
+            "TFRecord files"
         )
     val = os.path.join(path, "val")
     val = val if os.path.isdir(val) else None
     fmt = _detect(train) if data_format == "auto" else data_format
     if fmt == "caffe2":
-        return _lmdb_info(path, train, val)
-    return _folder_info(train, val)
+        info = _lmdb_info(train, val, meta)
+    elif fmt == "tfrecord":
+        info = _tfrecord_info(train, val, meta, num_classes)
+    else:
+        info = _folder_info(train, val, fmt, meta)
+    return info
+
+
+def _meta(root: str) -> dict:
+    """The directory's meta.json, or {}."""
+    meta = os.path.join(root, "meta.json")
+    if not os.path.isfile(meta):
+        return {}
+    with open(meta) as stream:
+        return json.load(stream)
+
+
+def _described(info: DatasetInfo, meta: dict) -> DatasetInfo:
+    """`info` with what meta.json says about classes, shape and augmentation."""
+    shape = meta.get("image_shape")
+    return dataclasses.replace(
+        info,
+        num_classes=int(meta.get("num_classes", info.num_classes)),
+        image_shape=tuple(shape) if shape else info.image_shape,
+        augment=bool(meta.get("augment", info.augment)),
+    )
 
 
 def _detect(train: str) -> str:
     if os.path.isfile(os.path.join(train, "data.mdb")):
         return "caffe2"
+    if glob.glob(os.path.join(train, TFRECORD_PATTERN)):
+        return "tfrecord"
     if class_folders(train):
         return "folder"
     raise DataError(
-        f"<path>: {train!r} is neither an LMDB database (data.mdb) nor a folder "
-        "of class sub-folders"
+        f"<path>: {train!r} is neither an LMDB database (data.mdb), nor a folder of "
+        f"TFRecord files ({TFRECORD_PATTERN}), nor a folder of class sub-folders"
     )
 
 
-def _lmdb_info(root: str, train: str, val: str | None) -> DatasetInfo:
+def _lmdb_info(train: str, val: str | None, meta: dict) -> DatasetInfo:
     from engine.data.records import count_records
 
     for split in (train, val):
         if split and not os.path.isfile(os.path.join(split, "data.mdb")):
             raise DataError(f"<path>: {split!r} is not an LMDB database (no data.mdb)")
-    num_classes = 10
-    meta = os.path.join(root, "meta.json")
-    if os.path.isfile(meta):
-        with open(meta) as stream:
-            num_classes = int(json.load(stream).get("num_classes", 10))
-    return DatasetInfo(
-        "caffe2",
-        train,
-        val,
-        count_records(train),
-        count_records(val) if val else None,
-        num_classes,
+    info = DatasetInfo(
+        "caffe2", train, val, count_records(train),
+        count_records(val) if val else None, 10,
     )
+    return _described(info, meta)
+
+
+def _list_info(root: str, meta: dict) -> DatasetInfo:
+    """JPEGs named by file lists `train.txt` (and `val.txt`) in `root`."""
+    train = os.path.join(root, "train.txt")
+    val = os.path.join(root, "val.txt")
+    val = val if os.path.isfile(val) else None
+    labels = {split: _list_labels(split) for split in (train, val) if split}
+    largest = max(max(v, default=0) for v in labels.values())
+    info = DatasetInfo(
+        "jpeg", train, val, len(labels[train]), len(labels[val]) if val else None,
+        largest + 1, augment=True,
+    )
+    return _described(info, meta)
+
+
+def _list_labels(path: str) -> list[int]:
+    """The labels of a DALI file list (`path label` per line), checked."""
+    labels = []
+    with open(path) as stream:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            parts = line.rsplit(maxsplit=1)
+            if len(parts) != 2 or not parts[1].isdigit():
+                raise DataError(
+                    f"<path>: {path} line {number} is {line.strip()!r}; a file list has "
+                    "'path label' lines, the label a whole number"
+                )
+            labels.append(int(parts[1]))
+    if not labels:
+        raise DataError(f"<path>: {path} lists no files")
+    return labels
+
+
+def tfrecord_files(split: str) -> tuple[list[str], list[str]]:
+    """The TFRecord files of a split folder, sorted, and their index files."""
+    files = sorted(glob.glob(os.path.join(split, TFRECORD_PATTERN)))
+    return files, [os.path.splitext(f)[0] + ".idx" for f in files]
+
+
+def ensure_indices(split: str) -> list[str]:
+    """The index files of a split's TFRecords, made where missing.
+
+    Raises:
+      DataError: no TFRecord files, or an index that cannot be made.
+    """
+    files, indices = tfrecord_files(split)
+    if not files:
+        raise DataError(f"<path>: {split!r} holds no TFRecord files ({TFRECORD_PATTERN})")
+    for file, index in zip(files, indices):
+        if not os.path.isfile(index):
+            _make_index(file, index)
+    return indices
+
+
+def _tfrecord_info(train: str, val: str | None, meta: dict,
+                   num_classes: int | None) -> DatasetInfo:
+    sizes = []
+    for split in (train, val):
+        if split is None:
+            sizes.append(None)
+            continue
+        sizes.append(sum(_count_lines(index) for index in ensure_indices(split)))
+    if num_classes is None and "num_classes" not in meta:
+        raise DataError(
+            f"<num_classes> is needed: {os.path.dirname(train)!r} has TFRecords and no "
+            "meta.json saying how many classes they have (ImageNet's from the Inception "
+            "scripts: 1001, labels from 1)"
+        )
+    info = DatasetInfo("tfrecord", train, val, sizes[0], sizes[1],
+                       num_classes or 0, augment=True)
+    info = _described(info, meta)
+    return info if num_classes is None else dataclasses.replace(info, num_classes=num_classes)
+
+
+# DALI's script reads TFRecords through TensorFlow when it can import it, else
+# as plain files; plain files are all these are, and importing TensorFlow
+# would take seconds per file. A None in sys.modules makes the import fail.
+_RUN_TFRECORD2IDX = """
+import runpy, sys
+sys.modules["tensorflow"] = None
+script, record, index = sys.argv[1:]
+sys.argv = ["tfrecord2idx", record, index]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _make_index(file: str, index: str) -> None:
+    """Writes DALI's index of `file` with DALI's own `tfrecord2idx` script."""
+    import shutil
+
+    script = os.path.join(os.path.dirname(sys.executable), "tfrecord2idx")
+    script = script if os.path.isfile(script) else shutil.which("tfrecord2idx")
+    if script is None:
+        raise DataError(f"<path>: {index} is missing, and DALI's tfrecord2idx script, "
+                        "which makes it, is not installed (it comes with nvidia-dali)")
+    partial = index + ".partial"
+    try:
+        result = subprocess.run([sys.executable, "-c", _RUN_TFRECORD2IDX, script, file, partial],
+                                capture_output=True, text=True)
+    except OSError as err:
+        raise DataError(f"<path>: cannot make the index of {file}: {err}") from None
+    if result.returncode != 0 or not os.path.isfile(partial):
+        reason = (result.stderr.strip().splitlines() or ["no index written"])[-1]
+        raise DataError(f"<path>: DALI's tfrecord2idx failed on {file}: {reason}")
+    os.replace(partial, index)
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as stream:
+        return sum(1 for line in stream if line.strip())
 
 
 def class_folders(root: str) -> list[str]:
@@ -114,7 +292,7 @@ def class_folders(root: str) -> list[str]:
     return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
 
 
-def _folder_info(train: str, val: str | None) -> DatasetInfo:
+def _folder_info(train: str, val: str | None, fmt: str, meta: dict) -> DatasetInfo:
     classes = class_folders(train)
     if not classes:
         raise DataError(f"<path>: {train!r} has no class sub-folders")
@@ -135,9 +313,9 @@ def _folder_info(train: str, val: str | None) -> DatasetInfo:
                 f"{classes}; DALI numbers classes by sorted folder name, so both "
                 "must hold the same class folders"
             )
-    return DatasetInfo(
-        "folder", train, val, count(train), count(val) if val else None, len(classes)
-    )
+    info = DatasetInfo(fmt, train, val, count(train), count(val) if val else None,
+                       len(classes), augment=fmt == "jpeg")
+    return _described(info, meta)
 
 
 def eval_batches(val_size: int, batch_size: int, num_towers: int) -> int:

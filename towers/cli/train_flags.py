@@ -52,8 +52,32 @@ _OPTIONS = [
         "--data-format",
         default="auto",
         show_default=True,
-        type=click.Choice(["auto", "caffe2", "folder", "synthetic"]),
-        help="caffe2 = LMDB, folder = one sub-folder per class, synthetic = DALI-generated.",
+        type=click.Choice(["auto", "caffe2", "folder", "jpeg", "tfrecord", "synthetic"]),
+        help="caffe2 = LMDB, folder = one sub-folder per class, jpeg = class folders or "
+        "train.txt/val.txt file lists, tfrecord = ImageNet-format TFRecords (DALI "
+        "indices made when missing), synthetic = DALI-generated. Without --data, "
+        "caffe2, jpeg and tfrecord read real MNIST written in that format.",
+    ),
+    click.option(
+        "--image-size",
+        default=None,
+        type=int,
+        help="Decode and resize images to SIZE x SIZE. Default: the model's own size "
+        "(32 for resnet20, 224 for resnet50), else as stored.",
+    ),
+    click.option(
+        "--num-classes",
+        default=None,
+        type=int,
+        help="Classes of --data-format synthetic (default 10), or of TFRecords "
+        "without a meta.json.",
+    ),
+    click.option(
+        "--augment/--no-augment",
+        default=None,
+        help="The standard ImageNet training augmentation (random resized crop, "
+        "flip) and evaluation centre crop. Default: on for jpeg and tfrecord "
+        "data, off for MNIST in any format.",
     ),
     click.option(
         "--data-pipeline",
@@ -66,7 +90,8 @@ _OPTIONS = [
         "--model",
         default="mlp",
         show_default=True,
-        help="mlp, lenet, or package.module:function returning a Keras model.",
+        help="mlp, lenet, resnet20 (CIFAR ResNet, 32x32x3), resnet50 (224x224x3), "
+        "or package.module:function returning a Keras model.",
     ),
     click.option(
         "--batch-size",

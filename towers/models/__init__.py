@@ -1,10 +1,15 @@
-"""The model zoo: `mlp`, `lenet`, or the user's own function or `package.module:function`.
+"""The model zoo (`mlp`, `lenet`, `resnet20`, `resnet50`), or the user's own
+function or `package.module:function`.
 
 A model maps images [B, H, W, C] in [0, 1] to outputs [B, classes]: the zoo's
 give class probabilities (softmax outputs, as Keras' MNIST examples have them)
 for the default loss; a model that gives logits goes with a loss that takes
 them (`SparseCategoricalCrossentropy(from_logits=True)`). It is built once per
 variable copy, and every tower calls its copy.
+
+A model function may carry `default_input_shape` (the ResNets do): the images
+the data is decoded and resized to for it, unless the run's `image_size` (or
+the source's own shape) says otherwise.
 """
 
 from __future__ import annotations
@@ -20,49 +25,20 @@ from engine.userfn import parameters as describe_parameters
 if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
     import keras
 
-__all__ = ["ZOO", "ModelError", "builder", "lenet", "mlp", "model_name", "resolve"]
+from towers.models.resnet import resnet20, resnet50
+from towers.models.small import lenet, mlp
+
+__all__ = ["ZOO", "ModelError", "builder", "default_input_shape", "lenet", "mlp",
+           "model_name", "resnet20", "resnet50", "resolve"]
 
 
 class ModelError(UsageError):
     """A `--model` that cannot be built; the message is one line."""
 
 
-def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
-    """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP."""
-    import keras
-
-    layers = [
-        keras.Input(input_shape),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-    ]
-    if dropout:
-        layers.append(keras.layers.Dropout(dropout))
-    layers.append(keras.layers.Dense(num_classes, activation="softmax"))
-    return keras.Sequential(layers, name="mlp")
-
-
-def lenet(input_shape, num_classes) -> keras.Model:
-    """LeNet-5: two 5x5 convolutions with max pooling, then 120-84-classes."""
-    import keras
-
-    return keras.Sequential(
-        [
-            keras.Input(input_shape),
-            keras.layers.Conv2D(6, 5, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Conv2D(16, 5, activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(120, activation="relu"),
-            keras.layers.Dense(84, activation="relu"),
-            keras.layers.Dense(num_classes, activation="softmax"),
-        ],
-        name="lenet",
-    )
-
-
-ZOO: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "lenet": lenet}
+ZOO: dict[str, Callable[..., keras.Model]] = {
+    "mlp": mlp, "lenet": lenet, "resnet20": resnet20, "resnet50": resnet50,
+}
 MODEL_CONTRACT = (
     "a model function takes input_shape and num_classes (each optional, by "
     "those names) and returns a keras.Model"
@@ -73,7 +49,7 @@ def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
     """The model function for a zoo name, `package.module:function` or a function.
 
     Args:
-      model: `mlp`, `lenet`, `package.module:function`, or a function.
+      model: a zoo name, `package.module:function`, or a function.
 
     Returns:
       The function, unchanged.
@@ -158,3 +134,14 @@ def model_name(model: str | Callable[..., keras.Model]) -> str:
     """How checkpoints and messages name `model`: the name or spec as given,
     else the function's label."""
     return model if isinstance(model, str) else label(model)
+
+
+def default_input_shape(model: str | Callable[..., keras.Model]) -> tuple[int, int, int] | None:
+    """The (height, width, channels) `model` is made for, or None when any
+    shape does (its function's `default_input_shape`).
+
+    Raises:
+      ModelError: as `resolve`.
+    """
+    shape = getattr(resolve(model), "default_input_shape", None)
+    return None if shape is None else tuple(shape)

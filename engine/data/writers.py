@@ -1,0 +1,122 @@
+"""Writing images as the ImageNet-style layouts DALI reads: JPEG class folders
+with a file list, and TFRecords of `tf.train.Example`s with their indices.
+
+Both write under a temporary name and rename when complete, so an interrupted
+run never leaves a half-written split.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["encode_jpeg", "write_jpeg_split", "write_tfrecord_split"]
+
+Progress = Callable[[int, int], None]
+JPEG_QUALITY = 95
+
+
+def encode_jpeg(image: np.ndarray) -> bytes:
+    """JPEG bytes of a 2-D uint8 grayscale or (H, W, 3) RGB image."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
+def _report(progress: Progress | None, done: int, total: int) -> None:
+    if progress and (done % 5000 == 0 or done == total):
+        progress(done, total)
+
+
+def write_jpeg_split(root: str, split: str, images: np.ndarray, labels: np.ndarray,
+                     progress: Progress | None = None, num_classes: int | None = None) -> str:
+    """Writes `root/split/LABEL/NNNNNNNN.jpg` and the file list `root/split.txt`.
+
+    A folder is made for every class below `num_classes` (default: the
+    largest label + 1), also for classes with no image in this split: DALI
+    numbers class folders in sorted order, so every split needs them all.
+
+    The list's lines are `split/LABEL/NNNNNNNN.jpg LABEL`, relative to `root`,
+    in index order, so DALI's file reader (`file_root=root`,
+    `file_list=root/split.txt`) and its folder reader (`file_root=root/split`)
+    both read them.
+
+    Returns:
+      The file list's path.
+    """
+    final = os.path.join(root, split)
+    partial = final + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for label in range(num_classes or int(labels.max()) + 1):
+        os.makedirs(os.path.join(partial, str(label)))
+    lines = []
+    for index, (image, label) in enumerate(zip(images, labels)):
+        name = f"{int(label)}/{index:08d}.jpg"
+        with open(os.path.join(partial, name), "wb") as stream:
+            stream.write(encode_jpeg(image))
+        lines.append(f"{split}/{name} {int(label)}\n")
+        _report(progress, index + 1, len(images))
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(partial, final)
+    listing = os.path.join(root, f"{split}.txt")
+    with open(listing + ".partial", "w") as stream:
+        stream.writelines(lines)
+    os.replace(listing + ".partial", listing)
+    return listing
+
+
+def write_tfrecord_split(directory: str, images: np.ndarray, labels: np.ndarray,
+                         shards: int = 1, progress: Progress | None = None) -> list[str]:
+    """Writes `directory/NAME-0000k-of-0000n.tfrecord` files of ImageNet-format
+    `tf.train.Example`s: `image/encoded` (JPEG), `image/format`,
+    `image/height`, `image/width`, `image/channels` and `image/class/label`
+    (the label as given), records split evenly over `shards` files in order.
+
+    Their DALI index files `NAME-0000k-of-0000n.idx` are made beside them
+    with DALI's tfrecord2idx.
+
+    Returns:
+      The files written.
+    """
+    import tensorflow as tf
+
+    def int64(value: int) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+
+    def raw(value: bytes) -> tf.train.Feature:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    partial = directory + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    name = os.path.basename(os.path.normpath(directory))
+    bounds = np.linspace(0, len(images), shards + 1).astype(int)
+    files = []
+    for shard in range(shards):
+        file = f"{name}-{shard:05d}-of-{shards:05d}.tfrecord"
+        with tf.io.TFRecordWriter(os.path.join(partial, file)) as writer:
+            for index in range(bounds[shard], bounds[shard + 1]):
+                image = images[index]
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "image/encoded": raw(encode_jpeg(image)),
+                    "image/format": raw(b"JPEG"),
+                    "image/height": int64(image.shape[0]),
+                    "image/width": int64(image.shape[1]),
+                    "image/channels": int64(image.shape[2] if image.ndim == 3 else 1),
+                    "image/class/label": int64(labels[index]),
+                }))
+                writer.write(example.SerializeToString())
+                _report(progress, index + 1, len(images))
+        files.append(os.path.join(directory, file))
+    from engine.data.inspect import ensure_indices
+
+    ensure_indices(partial)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.rename(partial, directory)
+    return files

@@ -1,0 +1,45 @@
+"""The small MNIST models: the Keras example MLP and LeNet-5."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
+    import keras
+
+__all__ = ["lenet", "mlp"]
+
+
+def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
+    """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP."""
+    import keras
+
+    layers = [
+        keras.Input(input_shape),
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu"),
+    ]
+    if dropout:
+        layers.append(keras.layers.Dropout(dropout))
+    layers.append(keras.layers.Dense(num_classes, activation="softmax"))
+    return keras.Sequential(layers, name="mlp")
+
+
+def lenet(input_shape, num_classes) -> keras.Model:
+    """LeNet-5: two 5x5 convolutions with max pooling, then 120-84-classes."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Conv2D(6, 5, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(16, 5, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(120, activation="relu"),
+            keras.layers.Dense(84, activation="relu"),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ],
+        name="lenet",
+    )
