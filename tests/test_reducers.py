@@ -59,8 +59,8 @@ class TestPackedReducers(BuiltInContract):
 
 def test_packing_plan_groups_consecutive_same_dtype_tensors():
     grads = [tf.zeros([4]), tf.zeros([4]), tf.zeros([40]), tf.zeros([2], tf.float64), tf.zeros([3])]
-    assert plan(grads, 32) == [[0, 1], [2], [3], [4]]
-    assert plan(grads, 10**9) == [[0, 1, 2], [3], [4]]
+    assert plan(grads, 32) == [[4], [3], [2], [1, 0]]
+    assert plan(grads, 10**9) == [[4], [3], [2, 1, 0]]
 
 
 def test_hierarchical_groups():

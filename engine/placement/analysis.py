@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from engine.placement import report
+from engine.placement.overlap import Overlap, busy, overlap
 
 # Gaps shorter than this are the executor's own scheduling, not waiting.
 _GAP_US = 1.0
@@ -70,6 +71,8 @@ class Analysis:
         to last.
       steps: the steps the call ran (several with --steps-per-loop; the
         critical path follows the first).
+      overlap: how much of the reduction ran while backward still did
+        (engine.placement.overlap).
     """
 
     step: str
@@ -77,6 +80,7 @@ class Analysis:
     devices: list[DeviceTime]
     critical_path: list[Link]
     steps: int = 1
+    overlap: Overlap | None = None
 
 
 class _Graph:
@@ -133,16 +137,6 @@ class _Graph:
         return s["start_us"] if name in self.by_send else s["start_us"] + s["dur_us"]
 
 
-def _busy(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
 def _cause(graph: _Graph, name: str, device: str) -> str:
     """What the op `name` waited for: its input that finished last."""
     inputs = graph.producers(name)
@@ -172,14 +166,14 @@ def analyse(entries: Sequence[dict], step: str = "train", top: int = 10) -> Anal
     devices = []
     for device in sorted(by_device):
         slices = by_device[device]
-        busy = _busy([(s["start_us"], s["start_us"] + s["dur_us"]) for s in slices])
-        busy_us = sum(b - a for a, b in busy)
+        merged = busy([(s["start_us"], s["start_us"] + s["dur_us"]) for s in slices])
+        busy_us = sum(b - a for a, b in merged)
         waited: dict[str, float] = collections.defaultdict(float)
         starts = {}
         for s in slices:
             starts.setdefault(s["start_us"], s)
         previous_end = None
-        for start, end in busy:
+        for start, end in merged:
             if previous_end is None:
                 waited["the call's start (launching the function)"] += start
             elif start - previous_end > _GAP_US:
@@ -190,7 +184,8 @@ def analyse(entries: Sequence[dict], step: str = "train", top: int = 10) -> Anal
         longest = sorted(slices, key=lambda s: -s["dur_us"])[:top]
         devices.append(DeviceTime(device, busy_us, max(call["dur_us"] - busy_us, 0.0),
                                   dict(waited), longest))
-    return Analysis(step, call["dur_us"], devices, critical_path(graph), call.get("steps", 1))
+    return Analysis(step, call["dur_us"], devices, critical_path(graph), call.get("steps", 1),
+                    overlap(report.slices(entries, step)))
 
 
 def critical_path(graph: _Graph) -> list[Link]:
@@ -240,6 +235,13 @@ def lines(analysis: Analysis) -> list[str]:
                           if us >= 5.0)
         out.append(f"    {d.device}: busy {d.busy_us / 1000:.2f} ms, idle {d.idle_us / 1000:.2f} ms"
                    + (f"; waited for {waits}" if waits else ""))
+    hidden = analysis.overlap
+    if hidden is not None and hidden.reduce_us:
+        out.append(f"  reduction: busy {hidden.reduce_us / 1000:.2f} ms, "
+                   f"{100 * hidden.hidden_fraction:.0f}% of it while backward ran "
+                   f"(hidden behind it); first reduction op at "
+                   f"{hidden.first_reduce_us / 1000:.2f} ms, backward ended at "
+                   f"{hidden.backward_end_us / 1000:.2f} ms")
     path = analysis.critical_path
     per_device: dict[str, float] = collections.defaultdict(float)
     for link in path:
