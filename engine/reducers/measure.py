@@ -14,10 +14,11 @@ from engine.placement import log as placement
 
 
 def reduction_transfers(
-    reducer, devices: Sequence[str], destinations: Sequence[str], sizes: Sequence[int],
-    dtype=tf.float32,
+    reducer, devices: Sequence[str], destinations: Sequence[str],
+    sizes: Sequence[int | Sequence[int]], dtype=tf.float32,
 ) -> list[dict]:
-    """Transfers of one call of `reducer` on tensors of `sizes` per device.
+    """Transfers of one call of `reducer` on tensors of `sizes` per device
+    (element counts, or shapes).
 
     The inputs are variables read on their devices, and each destination
     stores a sum of its result in a variable of its own (a side effect keeps
@@ -29,7 +30,8 @@ def reduction_transfers(
     for k, device in enumerate(devices):
         with tf.device(device):
             inputs.append(
-                [tf.Variable(np.full([n], k + 1.0), dtype=dtype, trainable=False) for n in sizes]
+                [tf.Variable(np.full([n] if isinstance(n, int) else list(n), k + 1.0),
+                             dtype=dtype, trainable=False) for n in sizes]
             )
     for destination in destinations:
         with tf.device(destination):

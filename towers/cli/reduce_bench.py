@@ -25,6 +25,7 @@ import sys
 import time
 
 import click
+import numpy as np
 from click.core import ParameterSource
 
 from towers.cli import cost_tables
@@ -46,10 +47,11 @@ def parse_size(text: str) -> int:
     return int(digits) * scale
 
 
-def measure(reducer_name, placement, size, options, variables, repeats, warmup,
+def measure(reducer_name, placement, shapes, options, variables, repeats, warmup,
             topology=None):
-    """One row of the table: `reducer_name` on one float32 tensor of `size`
-    elements per tower; with `topology`, the cost model's prediction too."""
+    """One row of the table: `reducer_name` on float32 tensors of `shapes`
+    per tower (one call for all); with `topology` and one tensor, the cost
+    model's prediction too."""
     from engine import reducers
     from engine.placement import report as placement_report
     from engine.reducers.conformance_checks import build_for
@@ -63,9 +65,10 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup,
     if state is not None:  # topk, signsgd, powersgd: built for this one tensor
         import tensorflow as tf
 
-        build_for(reducer, [(size,)], devices, destinations, tf.float32)
-    function, sent = reduction_transfers(reducer, devices, destinations, [size])
-    if topology is not None:
+        build_for(reducer, shapes, devices, destinations, tf.float32)
+    function, sent = reduction_transfers(reducer, devices, destinations, shapes)
+    size = sum(int(np.prod(shape)) for shape in shapes)
+    if topology is not None and len(shapes) == 1:
         from engine.cost import compare
 
         predicted = compare.predict_seconds(reducer, topology, devices, destinations, 4 * size)
@@ -104,8 +107,9 @@ def measure(reducer_name, placement, size, options, variables, repeats, warmup,
         "algbw": algbw,
         "busbw": algbw * bus_factor(len(devices), variables == "replicated"),
         "predicted_seconds": predicted,
+        "tensors": len(shapes),
         "chose": (reducer.choose(size, tf.float32, devices, destinations)
-                  if isinstance(reducer, Auto) else None),
+                  if isinstance(reducer, Auto) and len(shapes) == 1 else None),
         "bytes_moved": sum(per_device.values()),
         "ideal_bytes": placement_report.reduction_bytes(info),
         "busiest_device_bytes": max(per_device.values(), default=0),
@@ -147,7 +151,24 @@ def table(rows) -> str:
 
 # Flags of the timing run that mean nothing to --check.
 BENCH_ONLY = ("sizes", "names", "variables", "repeats", "warmup", "json_path",
-              "fit_links", "topology", "predict", "user_reducers")
+              "fit_links", "topology", "predict", "user_reducers", "model", "num_classes")
+
+
+def model_gradients(model: str, num_classes: int | None) -> list[tuple[int, ...]]:
+    """The shapes of `model`'s gradients (its trainable variables), built at
+    its own input size (28x28x1 for the MNIST models) and class count."""
+    import inspect
+
+    from towers import models
+
+    function = models.resolve(model)
+    default = inspect.signature(function).parameters.get("num_classes")
+    if num_classes is None:
+        num_classes = (default.default if default is not None
+                       and default.default is not inspect.Parameter.empty else 10)
+    shape = models.default_input_shape(model) or (28, 28, 1)
+    built = models.builder(model)(shape, num_classes)
+    return [tuple(v.shape) for v in built.trainable_variables]
 
 
 def check_target(spec: str, group_size: int, compress: str | None):
@@ -260,6 +281,13 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
 @click.option("--sizes", default="1M,4M,16M", show_default=True,
               help="Bytes of each tower's float32 tensor, comma-separated "
               "(K = 1024, M = 1024^2).")
+@click.option("--model", default=None,
+              help="Reduce this model's gradients (its trainable variables' shapes, "
+              "float32), all in one call, instead of --sizes: mlp, lenet, resnet20, "
+              "resnet50 or package.module:function.")
+@click.option("--num-classes", default=None, type=int,
+              help="With --model: its classes; default the model's own (1000 for "
+              "resnet50, else 10).")
 @click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
               show_default=True,
               help="Built-ins to time, by comma; with one parameter each where they "
@@ -289,9 +317,9 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
               help="Workers whose devices --devices names (w1/cpu:0), as for "
               "tower-train: worker=HOST:PORT,...")
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON.")
-def reduce_bench(devices, reduce_device, check, sizes, names, user_reducers, variables,
-                 group_size, compress, repeats, warmup, fit_links, topology, predict,
-                 cluster, json_path):
+def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names,
+                 user_reducers, variables, group_size, compress, repeats, warmup, fit_links,
+                 topology, predict, cluster, json_path):
     """Time each reducer alone and compare the bytes it moves with its ideal."""
     from engine.topology import devices as devs
 
@@ -310,6 +338,16 @@ def reduce_bench(devices, reduce_device, check, sizes, names, user_reducers, var
         raise UsageFailure("--fit-links measures this machine; drop --topology and --predict")
     check_output_path("--json", json_path)
     check_output_path("--fit-links", fit_links)
+    if model is not None and (predict or fit_links):
+        raise UsageFailure("--model times this machine's reduction of a model's gradients; "
+                           "drop --predict and --fit-links")
+    if model is not None and click.get_current_context().get_parameter_source(
+            "sizes") != ParameterSource.DEFAULT:
+        raise UsageFailure("--model reduces the model's gradients instead of --sizes; "
+                           "drop one of them")
+    if num_classes is not None and (model is None or num_classes < 1):
+        raise UsageFailure(f"--num-classes ({num_classes}) sizes --model's last layer; "
+                           "give --model and a count of at least 1")
     byte_sizes = [parse_size(s.strip()) for s in sizes.split(",")]
     if repeats < 1:
         raise UsageFailure(f"--repeats ({repeats}) must be at least 1")
@@ -365,20 +403,27 @@ def reduce_bench(devices, reduce_device, check, sizes, names, user_reducers, var
                 name, group_size, 0, compress, for_auto if name == "auto" else None)
         except reducers.ReducerError:
             raise  # OneLineCommand names the flags
+    workloads = [[(nbytes // 4,)] for nbytes in byte_sizes]
+    if model is not None:
+        workloads = [model_gradients(model, num_classes)]
+        total = 4 * sum(int(np.prod(shape)) for shape in workloads[0])
+        click.echo(f"model {model}: {len(workloads[0])} gradients, {total / 1e6:.2f} MB "
+                   "per tower, reduced in one call", err=True)
     # Size by size, every reducer in turn: the reducers compared at a size are
     # timed minutes apart at most, whatever else the machine does meanwhile.
-    for nbytes in byte_sizes:
+    for shapes in workloads:
         for name, option in options.items():
             try:
-                rows.append(measure(name, placement, nbytes // 4, option, variables,
+                rows.append(measure(name, placement, shapes, option, variables,
                                     repeats, warmup, machine))
             except reducers.ReducerError:
                 raise  # OneLineCommand names the flags
-            click.echo(f"measured {name} on {nbytes / 1e6:.2f} MB", err=True)
+            click.echo(f"measured {name} on {rows[-1]['tensor_bytes'] / 1e6:.2f} MB", err=True)
     order = list(options)
     rows.sort(key=lambda r: order.index(r["reducer"]))
     click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
                f"{variables} variables, median of {repeats} reductions"
+               + (f" of {model}'s {len(workloads[0])} gradients" if model else "")
                + (f", model: topology {machine.name!r}" if machine else ""))
     click.echo(table(rows))
     if machine is not None:
