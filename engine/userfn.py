@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from engine.errors import TowerError, UsageError
 
 __all__ = ["UserCodeError", "calling", "check_signature", "label", "load_function",
-           "parameters"]
+           "parameters", "spec_arguments"]
 
 
 class UserCodeError(UsageError):
@@ -138,3 +138,40 @@ def last_line(err: BaseException) -> str:
     and Keras put the cause last, after the frames they add."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
+
+
+def spec_arguments(spec: str, valid: dict, error: type[Exception], argument: str) -> dict:
+    """The `k=v` arguments of a built-in's spec (`topk:ratio=0.05`), each
+    converted to its default's type.
+
+    Args:
+      spec: `name:k=v,...`.
+      valid: each parameter's default, by name.
+      error: the exception to raise.
+      argument: the argument that holds the spec, for messages.
+
+    Raises:
+      error: a key that is not a parameter, or a value of the wrong type.
+    """
+    name, _, given = spec.partition(":")
+    listed = ", ".join(f"{k} (default {v})" for k, v in valid.items()) or "none"
+    values = {}
+    for item in filter(None, given.split(",")):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if key not in valid:
+            raise error(
+                f"<{argument}> {spec!r}: {name} has no parameter {key!r}; its parameters: {listed}"
+            )
+        kind = type(valid[key])
+        try:
+            if not eq:
+                raise ValueError
+            values[key] = kind(text.strip())
+        except ValueError:
+            raise error(
+                f"<{argument}> {spec!r}: {key}={text.strip()!r} is not "
+                f"{'an integer' if kind is int else 'a number'}; e.g. {name}:{key}={valid[key]}"
+            ) from None
+    return values
+

@@ -152,7 +152,9 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
         train_path=info.train_path,
         val_path=info.val_path,
         batch_size=batch_size,
-        image_shape=image_shape(source, info, models.default_input_shape(model), image_size),
+        image_shape=((28, 28, 1) if info.format == "text" else
+                     image_shape(source, info, models.default_input_shape(model), image_size)),
+        seq_len=info.seq_len or 0,
         num_classes=info.num_classes,
         stored_shape=info.image_shape,
         augment=info.augment if augment is None else augment,

@@ -33,19 +33,24 @@ from engine.data.inspect import DataError, DatasetInfo
 from engine.data.pipeline import PIPELINE_CONTRACT, SHARD_EXAMPLE, Shard
 from engine.userfn import check_signature, label, load_function
 
-__all__ = ["DEFAULT_MNIST", "Shard", "Source", "directory", "mnist", "pipeline", "synthetic"]
+__all__ = ["DEFAULT_MNIST", "Shard", "Source", "directory", "mnist", "pipeline", "synthetic",
+           "text"]
 
-DEFAULT_MNIST = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tower-train", "mnist"
-)
+def _cache() -> str:
+    """Where prepared data is kept: ~/.cache/tower-train (or $XDG_CACHE_HOME's)."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "tower-train")
+
+
+DEFAULT_MNIST = os.path.join(_cache(), "mnist")
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """Data for a Trainer; made by `mnist`, `directory`, `synthetic` or `pipeline`.
+    """Data for a Trainer; made by `mnist`, `directory`, `synthetic`, `text` or `pipeline`.
 
     Attributes:
-      kind: `mnist`, `directory`, `synthetic` or `pipeline`.
+      kind: `mnist`, `directory`, `synthetic`, `text` or `pipeline`.
       path: the data directory (mnist, directory).
       format: `auto`, `caffe2`, `folder`, `jpeg` or `tfrecord` (directory);
         `caffe2`, `jpeg` or `tfrecord` (mnist).
@@ -58,6 +63,8 @@ class Source:
       size: training samples (pipeline; None: unknown, epochs of 100 steps).
       val_size: held-out samples the function reads with `training=False`
         (pipeline; None: no held-out set).
+      corpus: the text file (text; None: the standard library's sources).
+      seq_len: bytes per sequence (text).
     """
 
     kind: str
@@ -68,12 +75,17 @@ class Source:
     num_classes: int | None = None
     size: int | None = None
     val_size: int | None = None
+    corpus: str | None = None
+    seq_len: int | None = None
 
     @property
     def is_prepared(self) -> bool:
         """False only for MNIST that is still to be downloaded and written."""
         from engine.data import mnist as mnist_lib
+        from engine.data import text as text_lib
 
+        if self.kind == "text":
+            return text_lib.is_prepared(self.path, self.seq_len)
         return self.kind != "mnist" or mnist_lib.is_prepared(self.path)
 
     def inspect(self, say: Callable[[str], None] = print) -> DatasetInfo:
@@ -91,6 +103,14 @@ class Source:
             name = label(self.function)
             return DatasetInfo("pipeline", name, name if self.val_size else None,
                                self.size, self.val_size, self.num_classes)
+        if self.kind == "text" and not self.is_prepared:
+            from engine.data import text as text_lib
+
+            say(f"cutting {self.corpus or 'the standard library sources'} into sequences of "
+                f"{self.seq_len} bytes in {self.path}")
+            text_lib.prepare(self.path, self.corpus, self.seq_len, log=lambda m: say(f"  {m}"))
+        if self.kind == "text":
+            return data_lib.inspect(self.path, "text")
         if not self.is_prepared:
             from engine.data import mnist as mnist_lib
 
@@ -204,4 +224,38 @@ def pipeline(
     check_signature(function, "pipeline", PIPELINE_CONTRACT, SHARD_EXAMPLE)
     return Source("pipeline", function=function, image_shape=tuple(image_shape),
                   num_classes=num_classes, size=size, val_size=val_size)
+
+
+def text(corpus: str | None = None, seq_len: int = 128) -> Source:
+    """A byte-level text corpus for a language model (`transformer`).
+
+    Each sample is `seq_len` bytes and the `seq_len` bytes that follow each of
+    them; the last 5% of the corpus is held out. It is cut once into
+    TFRecords under `~/.cache/tower-train/text-...` and read by DALI, one
+    shard per tower, like any other data.
+
+    Args:
+      corpus: a text file; None: the Python standard library's own sources
+        (every `*.py` outside test folders, in sorted order), there offline.
+      seq_len: bytes per sequence.
+
+    Returns:
+      The source.
+
+    Raises:
+      DataError: a corpus that is not a file, or a seq_len below 1.
+    """
+    import hashlib
+
+    if seq_len < 1:
+        raise DataError(f"<seq_len> ({seq_len}) must be at least 1")
+    if corpus is None:
+        name = "stdlib"
+    elif not os.path.isfile(corpus):
+        raise DataError(f"<path> {corpus!r} is not a text file")
+    else:
+        stem = os.path.splitext(os.path.basename(corpus))[0]
+        name = f"{stem}-{hashlib.sha256(os.path.abspath(corpus).encode()).hexdigest()[:8]}"
+    return Source("text", path=os.path.join(_cache(), f"text-{name}-{seq_len}"), format="text",
+                  num_classes=256, corpus=corpus, seq_len=seq_len)
 

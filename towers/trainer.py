@@ -142,6 +142,9 @@ class Trainer:
         topology = setup.load_topology(topology, reducer)
         source = data or sources.mnist()
         model_fn = models.builder(model)
+        if image_size is not None and source.kind == "text":
+            raise UsageError(f"<image_size={image_size}> sizes images; text comes in "
+                             "sequences of <seq_len> bytes (towers.data.text)")
         if image_size is not None and source.kind == "pipeline":
             raise UsageError(
                 f"<image_size={image_size}>: a <pipeline> decodes to its own "

@@ -1,5 +1,8 @@
 """The loss a tower minimises: one value per sample, from (labels, outputs).
 
+With a label per position (a language model's [B, T]), a loss may give one
+value per position; the sample's value is their mean.
+
 The step averages a tower's per-sample losses over its batch, and evaluation
 sums them over the real (not padding) samples only, so a loss must give one
 value per sample. The default is today's: cross-entropy of integer labels
@@ -44,7 +47,7 @@ def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
         is unreduced here; a function must not reduce).
     """
     if loss is None:
-        return sparse_cross_entropy
+        return _per_sample(sparse_cross_entropy)
     if isinstance(loss, keras.losses.Loss):
         function, name = loss.call, type(loss).__name__
     elif callable(loss):
@@ -63,6 +66,18 @@ def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
                 f"<loss> {name!r} returned one value for the batch; return one per "
                 "sample (the engine averages over the batch and masks padding)"
             )
+        return result
+
+    return _per_sample(values)
+
+
+def _per_sample(loss: Loss) -> Loss:
+    """`loss` with any per-position values averaged into one per sample."""
+
+    def values(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        result = tf.cast(loss(labels, outputs), tf.float32)
+        if result.shape.rank is not None and result.shape.rank > 1:
+            result = tf.reduce_mean(result, axis=list(range(1, result.shape.rank)))
         return result
 
     return values

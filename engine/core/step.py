@@ -43,10 +43,21 @@ class Reduced(NamedTuple):
     finite: tf.Tensor  # [towers] bool
 
 
+def sample_labels(labels: tf.Tensor) -> tf.Tensor:
+    """Labels as the losses take them: [B] for one label per sample (a
+    batch of [B, 1]), [B, T] for one per position (a language model's)."""
+    if labels.shape.rank is not None and labels.shape.rank >= 2 and labels.shape[-1] == 1:
+        return tf.reshape(labels, [-1])
+    return labels
+
+
 def count_correct(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-    """1.0 where the largest output (probability or logit) is the label's."""
+    """Per sample, 1.0 where the largest output (probability or logit) is the
+    label's; with a label per position, the fraction of positions right."""
     predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
-    return tf.cast(predicted == labels, tf.float32)
+    right = tf.cast(predicted == labels, tf.float32)
+    return right if right.shape.rank == 1 else tf.reduce_mean(
+        right, axis=list(range(1, right.shape.rank)))
 
 
 def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -64,7 +75,7 @@ def tower_gradients(
     loss and the gradients are divided by the scale again, here on the tower.
     `loss` gives one value per sample (engine.core.losses).
     """
-    labels = tf.reshape(labels, [-1])
+    labels = sample_labels(labels)
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         with calling("model", model_label or model.name, "cannot train here:"):
@@ -312,7 +323,7 @@ class TowerStep:
         sums = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
-                labels = tf.reshape(labels, [-1])
+                labels = sample_labels(labels)
                 model = self.variables.model_for(tower.index)
                 with calling("model", self.model_label, "cannot evaluate here:"):
                     outputs = tf.cast(model(images, training=False), tf.float32)

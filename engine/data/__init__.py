@@ -16,6 +16,7 @@ from engine.data.pipeline import (
     PipelineFunction,
     Shard,
     default_threads,
+    sample_shape,
     tower_dataset,
     tower_pipeline,
 )
@@ -23,5 +24,5 @@ from engine.data.pipeline import (
 __all__ = [
     "FORMATS", "DataError", "DataOptions", "DatasetInfo", "GpuUnavailableError",
     "PipelineFunction", "Shard", "class_folders", "default_threads", "eval_batches",
-    "inspect", "shard_range", "tower_dataset", "tower_pipeline", "valid_counts",
+    "inspect", "sample_shape", "shard_range", "tower_dataset", "tower_pipeline", "valid_counts",
 ]

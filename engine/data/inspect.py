@@ -34,8 +34,8 @@ from engine.errors import UsageError
 __all__ = ["DataError", "DatasetInfo", "class_folders", "ensure_indices", "eval_batches",
            "inspect", "shard_range", "tfrecord_files", "valid_counts"]
 
-FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "synthetic")
-STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord")
+FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic")
+STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text")
 TFRECORD_PATTERN = "*.tfrecord"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -57,6 +57,7 @@ class DatasetInfo:
       image_shape: how the images are stored, when known (meta.json).
       augment: whether training should use the standard random crop and flip
         (ImageNet-style data) rather than a plain resize.
+      seq_len: bytes per sequence of a text corpus (`text`), else None.
     """
 
     format: str
@@ -67,6 +68,7 @@ class DatasetInfo:
     num_classes: int
     image_shape: tuple[int, int, int] | None = None
     augment: bool = False
+    seq_len: int | None = None
 
 
 def shard_range(size: int, shard_id: int, num_shards: int) -> tuple[int, int]:
@@ -108,6 +110,8 @@ def inspect(path: str | None, data_format: str = "auto",
             "(and val/), as written by 'tower-data mnist DIR'"
         )
     meta = _meta(path)
+    if data_format == "text" or (data_format == "auto" and meta.get("format") == "text"):
+        return _text_info(path, meta)
     if data_format in ("auto", "jpeg") and os.path.isfile(os.path.join(path, "train.txt")):
         return _list_info(path, meta)
     train = os.path.join(path, "train")
@@ -136,6 +140,17 @@ def _meta(root: str) -> dict:
         return {}
     with open(meta) as stream:
         return json.load(stream)
+
+
+def _text_info(root: str, meta: dict) -> DatasetInfo:
+    """A corpus cut into sequences by engine.data.text."""
+    if meta.get("format") != "text":
+        raise DataError(f"<path> {root!r} is not a prepared text corpus (no meta.json "
+                        "of format text); give the text file itself")
+    sizes = [sum(_count_lines(i) for i in ensure_indices(os.path.join(root, split)))
+             for split in ("train", "val")]
+    return DatasetInfo("text", os.path.join(root, "train"), os.path.join(root, "val"),
+                       sizes[0], sizes[1], 256, seq_len=int(meta["seq_len"]))
 
 
 def _described(info: DatasetInfo, meta: dict) -> DatasetInfo:

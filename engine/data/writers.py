@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["encode_jpeg", "write_jpeg_split", "write_tfrecord_split"]
+__all__ = ["encode_jpeg", "replace_folder", "write_jpeg_split", "write_tfrecord_split"]
 
 Progress = Callable[[int, int], None]
 JPEG_QUALITY = 95
@@ -27,6 +27,17 @@ def encode_jpeg(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="JPEG", quality=JPEG_QUALITY)
     return buffer.getvalue()
+
+
+def replace_folder(final: str, write: Callable[[str], None]) -> None:
+    """Calls `write(folder)` on a fresh `final.partial`, then puts it at `final`
+    (replacing what was there): an interrupted write leaves no half folder."""
+    partial = final + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    write(partial)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(partial, final)
 
 
 def _report(progress: Progress | None, done: int, total: int) -> None:
@@ -50,20 +61,19 @@ def write_jpeg_split(root: str, split: str, images: np.ndarray, labels: np.ndarr
     Returns:
       The file list's path.
     """
-    final = os.path.join(root, split)
-    partial = final + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    for label in range(num_classes or int(labels.max()) + 1):
-        os.makedirs(os.path.join(partial, str(label)))
     lines = []
-    for index, (image, label) in enumerate(zip(images, labels)):
-        name = f"{int(label)}/{index:08d}.jpg"
-        with open(os.path.join(partial, name), "wb") as stream:
-            stream.write(encode_jpeg(image))
-        lines.append(f"{split}/{name} {int(label)}\n")
-        _report(progress, index + 1, len(images))
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(partial, final)
+
+    def write(folder: str) -> None:
+        for label in range(num_classes or int(labels.max()) + 1):
+            os.makedirs(os.path.join(folder, str(label)))
+        for index, (image, label) in enumerate(zip(images, labels)):
+            name = f"{int(label)}/{index:08d}.jpg"
+            with open(os.path.join(folder, name), "wb") as stream:
+                stream.write(encode_jpeg(image))
+            lines.append(f"{split}/{name} {int(label)}\n")
+            _report(progress, index + 1, len(images))
+
+    replace_folder(os.path.join(root, split), write)
     listing = os.path.join(root, f"{split}.txt")
     with open(listing + ".partial", "w") as stream:
         stream.writelines(lines)
@@ -92,31 +102,30 @@ def write_tfrecord_split(directory: str, images: np.ndarray, labels: np.ndarray,
     def raw(value: bytes) -> tf.train.Feature:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
-    partial = directory + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
+    from engine.data.inspect import ensure_indices
+
     name = os.path.basename(os.path.normpath(directory))
     bounds = np.linspace(0, len(images), shards + 1).astype(int)
     files = []
-    for shard in range(shards):
-        file = f"{name}-{shard:05d}-of-{shards:05d}.tfrecord"
-        with tf.io.TFRecordWriter(os.path.join(partial, file)) as writer:
-            for index in range(bounds[shard], bounds[shard + 1]):
-                image = images[index]
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "image/encoded": raw(encode_jpeg(image)),
-                    "image/format": raw(b"JPEG"),
-                    "image/height": int64(image.shape[0]),
-                    "image/width": int64(image.shape[1]),
-                    "image/channels": int64(image.shape[2] if image.ndim == 3 else 1),
-                    "image/class/label": int64(labels[index]),
-                }))
-                writer.write(example.SerializeToString())
-                _report(progress, index + 1, len(images))
-        files.append(os.path.join(directory, file))
-    from engine.data.inspect import ensure_indices
 
-    ensure_indices(partial)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.rename(partial, directory)
+    def write(folder: str) -> None:
+        for shard in range(shards):
+            file = f"{name}-{shard:05d}-of-{shards:05d}.tfrecord"
+            with tf.io.TFRecordWriter(os.path.join(folder, file)) as writer:
+                for index in range(bounds[shard], bounds[shard + 1]):
+                    image = images[index]
+                    example = tf.train.Example(features=tf.train.Features(feature={
+                        "image/encoded": raw(encode_jpeg(image)),
+                        "image/format": raw(b"JPEG"),
+                        "image/height": int64(image.shape[0]),
+                        "image/width": int64(image.shape[1]),
+                        "image/channels": int64(image.shape[2] if image.ndim == 3 else 1),
+                        "image/class/label": int64(labels[index]),
+                    }))
+                    writer.write(example.SerializeToString())
+                    _report(progress, index + 1, len(images))
+            files.append(os.path.join(directory, file))
+        ensure_indices(folder)
+
+    replace_folder(directory, write)
     return files

@@ -35,7 +35,7 @@ from engine.reducers.stateful import (
 from engine.reducers.topk import TopK
 from engine.reducers.tree import halving_doubling, halving_doubling_traffic
 from engine.topology.devices import Placement
-from engine.userfn import check_signature, label, load_function
+from engine.userfn import check_signature, label, load_function, spec_arguments
 
 # The research baselines with state, by name; their parameters are their
 # constructors' keyword arguments, given as `name:key=value,...`.
@@ -87,28 +87,8 @@ def parameters(name: str) -> dict[str, object]:
 def _parse(spec: str) -> tuple[str, dict]:
     """(`topk`, {"ratio": 0.05}) of `topk:ratio=0.05`, checked against the
     built-in's parameters; ReducerError naming a bad key or value."""
-    name, _, given = spec.partition(":")
-    valid = parameters(name)
-    listed = ", ".join(f"{k} (default {v})" for k, v in valid.items()) or "none"
-    values = {}
-    for item in filter(None, given.split(",")):
-        key, eq, text = item.partition("=")
-        key = key.strip()
-        if key not in valid:
-            raise ReducerError(
-                f"<reducer> {spec!r}: {name} has no parameter {key!r}; its parameters: {listed}"
-            )
-        kind = type(valid[key])
-        try:
-            if not eq:
-                raise ValueError
-            values[key] = kind(text.strip())
-        except ValueError:
-            raise ReducerError(
-                f"<reducer> {spec!r}: {key}={text.strip()!r} is not "
-                f"{'an integer' if kind is int else 'a number'}; e.g. {name}:{key}={valid[key]}"
-            ) from None
-    return name, values
+    name = spec.partition(":")[0]
+    return name, spec_arguments(spec, parameters(name), ReducerError, "reducer")
 
 
 @dataclasses.dataclass(frozen=True)

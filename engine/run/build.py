@@ -159,7 +159,7 @@ def build(
     def make_model():
         with precision.policy(model_options.compute_dtype):
             return model_options.model(
-                input_shape=tuple(data_options.image_shape),
+                input_shape=data.sample_shape(data_options),
                 num_classes=data_options.num_classes,
             )
 

@@ -54,8 +54,11 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
         check_output_path(flag, path)
     for flag, path in (("--checkpoint-dir", fit["checkpoint_dir"]), ("--logdir", fit["logdir"])):
         check_output_dir(flag, path)
-    path, data_format, pipeline, classes = (
-        flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes"))
+    path, data_format, pipeline, classes, seq_len = (
+        flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes",
+                               "seq_len"))
+    if seq_len is not None and data_format != "text":
+        raise UsageFailure("--seq-len cuts text into sequences; add --data-format text")
     if classes is not None and classes < 1:
         raise UsageFailure(f"--num-classes ({classes}) must be at least 1")
     if classes is not None and not (data_format == "synthetic" or path is not None):
@@ -65,6 +68,8 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
         if path is not None or data_format != "auto":
             raise UsageFailure("--data-pipeline reads no --data; drop --data and --data-format")
         flags["data"] = sources.pipeline(pipeline)
+    elif data_format == "text":
+        flags["data"] = sources.text(path, 128 if seq_len is None else seq_len)
     elif data_format == "synthetic":
         flags["data"] = sources.synthetic(num_classes=classes or 10)
     elif path is None:

@@ -52,11 +52,19 @@ _OPTIONS = [
         "--data-format",
         default="auto",
         show_default=True,
-        type=click.Choice(["auto", "caffe2", "folder", "jpeg", "tfrecord", "synthetic"]),
+        type=click.Choice(["auto", "caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic"]),
         help="caffe2 = LMDB, folder = one sub-folder per class, jpeg = class folders or "
         "train.txt/val.txt file lists, tfrecord = ImageNet-format TFRecords (DALI "
-        "indices made when missing), synthetic = DALI-generated. Without --data, "
-        "caffe2, jpeg and tfrecord read real MNIST written in that format.",
+        "indices made when missing), text = a byte corpus for --model transformer "
+        "(--data FILE, default the Python standard library's sources), synthetic = "
+        "DALI-generated. Without --data, caffe2, jpeg and tfrecord read real MNIST "
+        "written in that format.",
+    ),
+    click.option(
+        "--seq-len",
+        default=None,
+        type=int,
+        help="With --data-format text: bytes per sequence (default 128).",
     ),
     click.option(
         "--image-size",
@@ -91,7 +99,8 @@ _OPTIONS = [
         default="mlp",
         show_default=True,
         help="mlp, lenet, resnet20 (CIFAR ResNet, 32x32x3), resnet50 (224x224x3), "
-        "or package.module:function returning a Keras model.",
+        "transformer[:layers=2,width=128,heads=4] (byte-level language model, with "
+        "--data-format text), or package.module:function returning a Keras model.",
     ),
     click.option(
         "--batch-size",

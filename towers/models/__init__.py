@@ -14,12 +14,13 @@ the source's own shape) says otherwise.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import UsageError
-from engine.userfn import calling, label, load_function
+from engine.userfn import calling, label, load_function, spec_arguments
 from engine.userfn import parameters as describe_parameters
 
 if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
@@ -27,9 +28,10 @@ if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
 
 from towers.models.resnet import resnet20, resnet50
 from towers.models.small import lenet, mlp
+from towers.models.transformer import transformer
 
 __all__ = ["ZOO", "ModelError", "builder", "default_input_shape", "lenet", "mlp",
-           "model_name", "resnet20", "resnet50", "resolve"]
+           "model_name", "resnet20", "resnet50", "resolve", "transformer"]
 
 
 class ModelError(UsageError):
@@ -38,6 +40,7 @@ class ModelError(UsageError):
 
 ZOO: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp, "lenet": lenet, "resnet20": resnet20, "resnet50": resnet50,
+    "transformer": transformer,
 }
 MODEL_CONTRACT = (
     "a model function takes input_shape and num_classes (each optional, by "
@@ -49,10 +52,12 @@ def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
     """The model function for a zoo name, `package.module:function` or a function.
 
     Args:
-      model: a zoo name, `package.module:function`, or a function.
+      model: a zoo name, with its keyword parameters as a spec
+        (`transformer:layers=4,width=256`), `package.module:function`, or
+        a function.
 
     Returns:
-      The function, unchanged.
+      The function (for a spec, with its parameters bound).
 
     Raises:
       ModelError: an unknown name, a spec that cannot be loaded, or a
@@ -61,6 +66,9 @@ def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
     if isinstance(model, str):
         if model in ZOO:
             return ZOO[model]
+        name = model.partition(":")[0]
+        if name in ZOO:
+            return _with_parameters(model, ZOO[name])
         if ":" not in model:
             raise ModelError(
                 f"<model> {model!r} is not one of {', '.join(ZOO)} and not "
@@ -75,6 +83,15 @@ def resolve(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
         )
     _check_parameters(function, model if isinstance(model, str) else label(function))
     return function
+
+
+def _with_parameters(spec: str, function: Callable) -> Callable:
+    """The zoo `function` with the keyword parameters of `spec` bound."""
+    valid = {p.name: p.default for p in inspect.signature(function).parameters.values()
+             if p.kind == p.KEYWORD_ONLY}
+    bound = functools.partial(function, **spec_arguments(spec, valid, ModelError, "model"))
+    bound.default_input_shape = getattr(function, "default_input_shape", None)
+    return bound
 
 
 def _check_parameters(function: Callable, name: str) -> None:
