@@ -108,6 +108,18 @@ def test_a_missing_tfrecord_index_is_made_again(written, tmp_path):
     assert len(original.splitlines()) == TRAIN // 2
 
 
+def test_the_index_fallback_writes_what_dalis_script_writes(written, tmp_path):
+    from engine.data.inspect import tfrecord_files, write_index
+
+    for file, index in zip(*tfrecord_files(str(written["tfrecord"] / "train"))):
+        write_index(file, str(tmp_path / "ours.idx"))  # where DALI's script is missing
+        assert (tmp_path / "ours.idx").read_text() == open(index).read()
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(open(file, "rb").read()[:-3])
+    with pytest.raises(data.DataError, match="runs past its end"):
+        write_index(str(cut), str(tmp_path / "cut.idx"))
+
+
 def test_tfrecords_without_meta_need_num_classes(written, tmp_path):
     copy = tmp_path / "records"
     shutil.copytree(written["tfrecord"], copy)

@@ -32,7 +32,7 @@ import sys
 from engine.errors import UsageError
 
 __all__ = ["DataError", "DatasetInfo", "class_folders", "ensure_indices", "eval_batches",
-           "inspect", "shard_range", "tfrecord_files", "valid_counts"]
+           "inspect", "shard_range", "tfrecord_files", "valid_counts", "write_index"]
 
 FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic")
 STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text")
@@ -277,15 +277,18 @@ runpy.run_path(script, run_name="__main__")
 
 
 def _make_index(file: str, index: str) -> None:
-    """Writes DALI's index of `file` with DALI's own `tfrecord2idx` script."""
+    """Writes DALI's index of `file` with DALI's own `tfrecord2idx` script, or,
+    where the wheel's scripts were not installed (pip --target, some conda
+    builds), with `write_index`, which writes the same lines."""
     import shutil
 
     script = os.path.join(os.path.dirname(sys.executable), "tfrecord2idx")
     script = script if os.path.isfile(script) else shutil.which("tfrecord2idx")
-    if script is None:
-        raise DataError(f"<path>: {index} is missing, and DALI's tfrecord2idx script, "
-                        "which makes it, is not installed (it comes with nvidia-dali)")
     partial = index + ".partial"
+    if script is None:
+        write_index(file, partial)
+        os.replace(partial, index)
+        return
     try:
         result = subprocess.run([sys.executable, "-c", _RUN_TFRECORD2IDX, script, file, partial],
                                 capture_output=True, text=True)
@@ -295,6 +298,37 @@ def _make_index(file: str, index: str) -> None:
         reason = (result.stderr.strip().splitlines() or ["no index written"])[-1]
         raise DataError(f"<path>: DALI's tfrecord2idx failed on {file}: {reason}")
     os.replace(partial, index)
+
+
+def write_index(file: str, index: str) -> None:
+    """DALI's index of a TFRecord file, as its tfrecord2idx writes it: per
+    record, its offset and its length with the framing (8-byte length,
+    4-byte CRC, the data, 4-byte CRC).
+
+    Raises:
+      DataError: a file that is not a complete TFRecord file.
+    """
+    import struct
+
+    size = os.path.getsize(file)
+    lines = []
+    with open(file, "rb") as stream:
+        offset = 0
+        while offset < size:
+            header = stream.read(8)
+            if len(header) < 8:
+                raise DataError(f"<path>: {file} is not a valid TFRecord file "
+                                f"(a record header is cut at byte {offset})")
+            (length,) = struct.unpack("<q", header)
+            record = 8 + 4 + length + 4
+            if length < 0 or offset + record > size:
+                raise DataError(f"<path>: {file} is not a valid TFRecord file "
+                                f"(the record at byte {offset} runs past its end)")
+            lines.append(f"{offset} {record}\n")
+            offset += record
+            stream.seek(offset)
+    with open(index, "w") as out:
+        out.writelines(lines)
 
 
 def _count_lines(path: str) -> int:

@@ -236,7 +236,7 @@ def lines(analysis: Analysis) -> list[str]:
         out.append(f"    {d.device}: busy {d.busy_us / 1000:.2f} ms, idle {d.idle_us / 1000:.2f} ms"
                    + (f"; waited for {waits}" if waits else ""))
     hidden = analysis.overlap
-    if hidden is not None and hidden.reduce_us:
+    if hidden is not None and hidden.reduce_us and hidden.backward_end_us:  # a train step
         out.append(f"  reduction: busy {hidden.reduce_us / 1000:.2f} ms, "
                    f"{100 * hidden.hidden_fraction:.0f}% of it while backward ran "
                    f"(hidden behind it); first reduction op at "

@@ -1,9 +1,9 @@
 """Residual networks: the CIFAR ResNet-20 and ImageNet's ResNet-50.
 
-Both take images in [0, 1] and end in a softmax, as the rest of the zoo does;
-batch normalisation after each convolution makes the input scaling matter
-little. Each function carries `default_input_shape`, the images the data
-pipeline decodes to for it unless `image_size` says otherwise.
+Both take images in [0, 1] and end in a float32 softmax, as the rest of the
+zoo does; batch normalisation after each convolution makes the input scaling
+matter little. Each function carries `default_input_shape`, the images the
+data pipeline decodes to for it unless `image_size` says otherwise.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def resnet20(input_shape=(32, 32, 3), num_classes: int = 10) -> keras.Model:
                 x = _conv_bn(x, filters, strides, relu=False, kernel=1)
             x = keras.layers.ReLU()(keras.layers.Add()([x, y]))
     x = keras.layers.GlobalAveragePooling2D()(x)
-    outputs = keras.layers.Dense(num_classes, activation="softmax")(x)
-    return keras.Model(inputs, outputs, name="resnet20")
+    return keras.Model(inputs, _probabilities(keras.layers.Dense(num_classes)(x)),
+                       name="resnet20")
 
 
 def resnet50(input_shape=(224, 224, 3), num_classes: int = 1000) -> keras.Model:
@@ -56,9 +56,20 @@ def resnet50(input_shape=(224, 224, 3), num_classes: int = 1000) -> keras.Model:
     weights: 25.6M parameters at 1000 classes, 4.1 GFLOPs per 224x224 image."""
     import keras
 
-    return keras.applications.ResNet50(
-        weights=None, input_shape=tuple(input_shape), classes=num_classes
+    base = keras.applications.ResNet50(
+        weights=None, input_shape=tuple(input_shape), classes=num_classes,
+        classifier_activation=None,
     )
+    return keras.Model(base.inputs, _probabilities(base.output), name="resnet50")
+
+
+def _probabilities(logits):
+    """Softmax in float32 whatever the layers compute in: in float16 it
+    overflows and underflows over many classes (Keras' mixed-precision guide
+    keeps the output in float32 for that reason)."""
+    import keras
+
+    return keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
 
 
 resnet20.default_input_shape = (32, 32, 3)
