@@ -20,6 +20,13 @@ same DALI-generated synthetic data:
   engine-memory, engine-1tower-memory
                 the same two fed from in-memory tensors instead of DALI: their
                 ratio is the tower efficiency
+  engine-overlap
+                the engine with --pack-bytes 4 MB buckets (last layer first);
+                after timing, one step is profiled and the share of its
+                reduction time that ran while backward did is reported
+
+Each model gets its own image shape (resnet20 32x32x3, resnet50 224x224x3,
+else 28x28x1) and 10 classes.
 
 Warm-up steps are excluded; each figure is the median of --repeats timed
 runs. Prints a table (images/s, step time, peak RSS, ratio to the recipe),
@@ -110,12 +117,41 @@ def dali_options(batch: int, config: dict | None = None):
 
     config = config or {}
     defaults = data.DataOptions(format="synthetic", train_path=None, val_path=None,
-                                batch_size=batch)
+                                batch_size=batch, image_shape=shape_of(config))
     return dataclasses.replace(
         defaults,
         num_threads=config.get("dali_threads", data.default_threads(config.get("n", 1))),
         prefetch=config.get("prefetch", defaults.prefetch),
     )
+
+
+def shape_of(config: dict | None) -> tuple[int, int, int]:
+    """The images the configuration's model takes (its default, else MNIST's)."""
+    from towers import models
+
+    model = (config or {}).get("model", "mlp")
+    return models.default_input_shape(model) or (28, 28, 1)
+
+
+def build_model(config: dict):
+    from towers import models
+
+    return models.builder(config["model"])(shape_of(config), 10)
+
+
+def hidden_fraction(step, iterators) -> float:
+    """The share of one profiled step's reduction time during which backward
+    ran too (engine.placement.overlap)."""
+    from engine.placement import log as placement_log
+    from engine.placement import overlap, report
+
+    info = placement_log.RunInfo(towers=tuple(t.device for t in step.placement.towers),
+                                 reduce_device=step.placement.reduce_device, parameters=0,
+                                 parameter_bytes=0, batch_size=0, model="bench")
+    log = placement_log.PlacementLog(None, info)
+    for _ in range(2):  # captured, then profiled
+        log.call("train", step.train, iterators)
+    return overlap.overlap(report.slices(log.entries, "train")).hidden_fraction
 
 
 def run_engine(config: dict) -> list[float]:
@@ -127,7 +163,6 @@ def run_engine(config: dict) -> list[float]:
     from engine.core.step import TowerStep
     from engine.run import build as train
     from engine.topology.devices import Placement
-    from towers import models
 
     n = 1 if config["kind"].startswith("engine-1tower") else config["n"]
     batch = config["batch"] * config["n"] // n
@@ -137,21 +172,22 @@ def run_engine(config: dict) -> list[float]:
     mode = config.get("variables", "reduce-device")
     def make_model():
         with precision.policy(config.get("dtype", "float32")):
-            return models.builder(config["model"])((28, 28, 1), 10)
+            return build_model(config)
 
     step = TowerStep(
         variables=variables.make(
             mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement,
             xla=config.get("xla", False)),
         placement=placement,
-        reducer=reducers.build(reducers.ReducerOptions(config.get("reducer", "central")), placement),
+        reducer=reducers.build(reducers.ReducerOptions(
+            config.get("reducer", "central"), pack_bytes=config.get("pack_bytes", 0)), placement),
         xla=config.get("xla", False),
     )
     if config["kind"].endswith("-memory"):
         iterators = []
         for tower in placement.towers:
             with tf.device(tower.device):
-                images = tf.random.uniform([batch, 28, 28, 1])
+                images = tf.random.uniform([batch, *shape_of(config)])
                 labels = tf.random.uniform([batch, 1], maxval=10, dtype=tf.int32)
                 iterators.append(iter(tf.data.Dataset.from_tensors((images, labels)).repeat()))
     else:
@@ -201,6 +237,8 @@ def run_engine(config: dict) -> list[float]:
     if trace:
         tf.profiler.experimental.stop()
         config["profile"] = gpu_profile(trace, times[-1], config["steps"])
+    if config.get("pack_bytes") and n > 1:
+        config["hidden_fraction"] = hidden_fraction(step, iterators)
     return times
 
 
@@ -291,19 +329,17 @@ def run_keras(config: dict) -> list[float]:
     import tensorflow as tf
 
     from engine.data.pipeline import tower_dataset
-    from towers import models
 
     batch = config["batch"] * config["n"]
     dataset = tower_dataset(dali_options(batch, config), towers_of(config, 1)[0], training=True)
     dataset = dataset.map(lambda x, y: (x, tf.reshape(y, [-1])))
-    return run_keras_fit(lambda: models.builder(config["model"])((28, 28, 1), 10), dataset, config)
+    return run_keras_fit(lambda: build_model(config), dataset, config)
 
 
 def run_mirrored(config: dict) -> list[float]:
     import tensorflow as tf
 
     from engine.data.pipeline import tower_dataset
-    from towers import models
 
     n = config["n"]
     towers = towers_of(config, n)
@@ -321,8 +357,7 @@ def run_mirrored(config: dict) -> list[float]:
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
     )
     dataset = strategy.distribute_datasets_from_function(per_replica, options)
-    return run_keras_fit(lambda: models.builder(config["model"])((28, 28, 1), 10), dataset,
-                         config, strategy)
+    return run_keras_fit(lambda: build_model(config), dataset, config, strategy)
 
 
 def configurations(args) -> list[dict]:
@@ -346,6 +381,8 @@ CPU_KINDS = [
     ("engine-bf16", {"dtype": "bfloat16"}),
     ("engine-1tower", {}), ("engine-dali-only", {}), ("engine-memory", {}),
     ("engine-1tower-memory", {}),
+    ("engine-overlap", {"variables": "reduce-device", "reducer": "central",
+                        "pack_bytes": 4 << 20}),
 ]
 
 
@@ -445,15 +482,16 @@ def find(rows, kind, model, n, batch=None):
 
 
 def table(rows, reference: str) -> list[str]:
-    lines = [f"{'model':<7}{'N':>3}{'batch':>6} {'run':<32}{'images/s':>10}{'step ms':>9}"
-             f"{'RSS MB':>8}{'ops/step':>9}{'GPU busy':>9}{'vs ' + reference:>20}"]
+    lines = [f"{'model':<9}{'N':>3}{'batch':>6} {'run':<32}{'images/s':>10}{'step ms':>9}"
+             f"{'RSS MB':>8}{'ops/step':>9}{'GPU busy':>9}{'hidden':>8}{'vs ' + reference:>20}"]
     for r in rows:
         ref = find(rows, reference, r["model"], r["n"], r["batch"])
         ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
         busy = f"{r['profile']['gpu_busy_share']:.0%}" if "profile" in r else "-"
-        lines.append(f"{r['model']:<7}{r['n']:>3}{r['batch']:>6} {r['kind']:<32}"
+        hidden = f"{r['hidden_fraction']:.0%}" if "hidden_fraction" in r else "-"
+        lines.append(f"{r['model']:<9}{r['n']:>3}{r['batch']:>6} {r['kind']:<32}"
                      f"{r['images_per_sec']:>10,.0f}{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}"
-                     f"{r.get('ops_per_step', '-'):>9}{busy:>9}{ratio:>20}")
+                     f"{r.get('ops_per_step', '-'):>9}{busy:>9}{hidden:>8}{ratio:>20}")
     return lines
 
 
