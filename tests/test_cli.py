@@ -53,9 +53,10 @@ def test_bad_input_before_tensorflow(args, message):
         (["--devices", "cpu:2", "--reduce-device", "/cpu:2"], f"--reduce-device /cpu:2 does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
         (["--devices", "cpu:2", "--reduce-device", f"/gpu:{MISSING_GPU}"], f"--reduce-device /gpu:{MISSING_GPU} does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "towers.nothing:here"], "--model 'towers.nothing:here': cannot import 'towers.nothing' (No module named 'towers.nothing')"),
-        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model 'resnet' is not one of mlp, lenet, resnet20, resnet50 and not package.module:function"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model 'resnet' is not one of mlp, lenet, resnet20, resnet50, transformer and not package.module:function"),
         (["--devices", "cpu:1", "--data-format", "synthetic", "--epochs", "0"], "--epochs (0) must be a positive integer"),
         (["--devices", "cpu:2", "--data-format", "synthetic", "--xla"], "--xla --variables reduce-device: an XLA cluster reads the variables on its tower's device, and TensorFlow cannot read variables on the reduce device from a tower on another; add --variables replicated"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "transformer"], "--model transformer reads byte sequences; add --data-format text"),
     ],
 )
 def test_bad_input_that_needs_tensorflow_to_see(args, message):

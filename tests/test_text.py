@@ -59,6 +59,7 @@ def test_transformer_is_causal_with_tied_output():
     names = [v.path for v in model.trainable_variables]
     assert len(names) == len(set(names))  # the tied table is one variable
     assert sum(v.shape == (256, 32) for v in model.trainable_variables) == 1
+    assert "positions/table" in names  # learned, saved with the rest
     x = np.random.RandomState(0).randint(0, 256, (2, SEQ)).astype(np.int32)
     y = x.copy()
     y[:, 10] = (y[:, 10] + 1) % 256

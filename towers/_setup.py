@@ -143,6 +143,13 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
     from towers import models
 
     towers = len(placement.towers)
+    model_shape = models.default_input_shape(model)
+    if model_shape is not None and (len(model_shape) == 1) != (info.format == "text"):
+        raise UsageError(
+            f"<model={models.model_name(model)}> reads "
+            + ("byte sequences; add <format=text>" if info.format != "text" else
+               "images; text feeds a sequence model such as <model=transformer>")
+        )
     compute_dtype = precision.mixed_dtype(placement) if mixed_precision else "float32"
     note = ""
     if learning_rate is None and isinstance(optimizer, str) and optimizer in build.OPTIMIZERS:
@@ -153,7 +160,7 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
         val_path=info.val_path,
         batch_size=batch_size,
         image_shape=((28, 28, 1) if info.format == "text" else
-                     image_shape(source, info, models.default_input_shape(model), image_size)),
+                     image_shape(source, info, model_shape, image_size)),
         seq_len=info.seq_len or 0,
         num_classes=info.num_classes,
         stored_shape=info.image_shape,

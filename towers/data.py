@@ -85,7 +85,7 @@ class Source:
         from engine.data import text as text_lib
 
         if self.kind == "text":
-            return text_lib.is_prepared(self.path, self.seq_len)
+            return text_lib.is_prepared(self.path, self.seq_len, self.corpus)
         return self.kind != "mnist" or mnist_lib.is_prepared(self.path)
 
     def inspect(self, say: Callable[[str], None] = print) -> DatasetInfo:
@@ -170,6 +170,8 @@ def directory(path: str, format: str = "auto", num_classes: int | None = None) -
         raise DataError(
             f"<format> {format!r} is not one of auto, {', '.join(STORED_FORMATS)}"
         )
+    if num_classes is not None and num_classes < 1:
+        raise DataError(f"<num_classes> ({num_classes}) must be at least 1")
     return Source("directory", path=path, format=format, num_classes=num_classes)
 
 
@@ -184,7 +186,12 @@ def synthetic(image_shape=None, num_classes: int = 10) -> Source:
 
     Returns:
       The source.
+
+    Raises:
+      DataError: num_classes below 1.
     """
+    if num_classes < 1:
+        raise DataError(f"<num_classes> ({num_classes}) must be at least 1")
     return Source("synthetic", image_shape=None if image_shape is None else tuple(image_shape),
                   num_classes=num_classes)
 
@@ -247,8 +254,8 @@ def text(corpus: str | None = None, seq_len: int = 128) -> Source:
     """
     import hashlib
 
-    if seq_len < 1:
-        raise DataError(f"<seq_len> ({seq_len}) must be at least 1")
+    if seq_len < 2:
+        raise DataError(f"<seq_len> ({seq_len}) must be at least 2")
     if corpus is None:
         name = "stdlib"
     elif not os.path.isfile(corpus):

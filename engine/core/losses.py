@@ -36,7 +36,9 @@ def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
     Args:
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         (e.g. `SparseCategoricalCrossentropy(from_logits=True)`), or a
-        function of (labels [B] int32, outputs [B, ...] float32) returning [B].
+        function of (labels [B] int32, outputs [B, ...] float32) returning [B]
+        (with labels per position, [B, T] and [B, T, ...], returning [B, T]
+        or [B]).
 
     Returns:
       A function of (labels, outputs) that returns one float32 value per sample.

@@ -3,7 +3,7 @@ DALI's readers shard it: which records each tower reads, how many held-out
 batches a pass takes, and which samples of a padded batch are real.
 
 A data directory holds a training split and optionally a held-out one, in one
-of four layouts:
+of these layouts:
 
 * `caffe2`: `train/` and `val/` are LMDB databases (`data.mdb`);
 * `folder`: `train/` and `val/` hold one sub-folder of images per class;
@@ -15,6 +15,9 @@ of four layouts:
   `image/class/label`), each with its DALI index `NAME.idx` beside it; a
   missing index is made with DALI's `tfrecord2idx`.
 
+* `text`: `train/` and `val/` TFRecords of byte sequences, made from a text
+  corpus by engine.data.text, with its `meta.json`.
+
 An optional `meta.json` (written by `tower-data`) gives `num_classes`,
 `image_shape` (how the images are stored) and `augment` (false for digits,
 which random flips and crops would spoil).
@@ -23,9 +26,9 @@ which random flips and crops would spoil).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,7 +39,10 @@ __all__ = ["DataError", "DatasetInfo", "class_folders", "ensure_indices", "eval_
 
 FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic")
 STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text")
-TFRECORD_PATTERN = "*.tfrecord"
+# TFRecord files: NAME.tfrecord, or shards named as the Inception scripts name
+# ImageNet's (train-00000-of-01024), which have no extension.
+TFRECORD_PATTERN = "*.tfrecord or *-NNNNN-of-NNNNN"
+_TFRECORD = re.compile(r"(\.tfrecord|-\d{5}-of-\d{5})$")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
 
@@ -167,7 +173,7 @@ def _described(info: DatasetInfo, meta: dict) -> DatasetInfo:
 def _detect(train: str) -> str:
     if os.path.isfile(os.path.join(train, "data.mdb")):
         return "caffe2"
-    if glob.glob(os.path.join(train, TFRECORD_PATTERN)):
+    if tfrecord_files(train)[0]:
         return "tfrecord"
     if class_folders(train):
         return "folder"
@@ -224,9 +230,11 @@ def _list_labels(path: str) -> list[int]:
 
 
 def tfrecord_files(split: str) -> tuple[list[str], list[str]]:
-    """The TFRecord files of a split folder, sorted, and their index files."""
-    files = sorted(glob.glob(os.path.join(split, TFRECORD_PATTERN)))
-    return files, [os.path.splitext(f)[0] + ".idx" for f in files]
+    """The TFRecord files of a split folder, sorted, and their index files
+    (NAME.idx for NAME.tfrecord, NAME.idx beside a shard without extension)."""
+    files = sorted(os.path.join(split, f) for f in os.listdir(split) if _TFRECORD.search(f))
+    return files, [(f[:-len(".tfrecord")] if f.endswith(".tfrecord") else f) + ".idx"
+                   for f in files]
 
 
 def ensure_indices(split: str) -> list[str]:

@@ -223,6 +223,9 @@ def write(directory: str, digits: Digits, source: str, log: Log = print,
         ("train", digits.train_images, digits.train_labels),
         ("val", digits.test_images, digits.test_labels),
     ):
+        listing = os.path.join(directory, f"{split}.txt")
+        if format != "jpeg" and os.path.exists(listing):
+            os.remove(listing)  # a jpeg layout's list would win the format's detection
         def progress(done: int, total: int, split: str = split) -> None:
             log(f"writing {split}: {done}/{total} digits")
 

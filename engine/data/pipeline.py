@@ -167,8 +167,10 @@ class DataOptions:
             raise DataError(f"<batch_size> ({self.batch_size}) must be at least 1")
         if self.format in STORED_FORMATS and self.train_path is None:
             raise DataError(f"<format={self.format}> needs <path>")
-        if self.format == "text" and self.seq_len < 1:
-            raise DataError(f"<seq_len> ({self.seq_len}) must be at least 1")
+        if self.format == "text" and self.seq_len < 2:
+            raise DataError(f"<seq_len> ({self.seq_len}) must be at least 2")
+        if self.num_classes < 1:
+            raise DataError(f"<num_classes> ({self.num_classes}) must be at least 1")
         if (len(self.image_shape) != 3 or self.image_shape[2] not in (1, 3)
                 or min(self.image_shape[:2]) < 1):
             raise DataError(
@@ -347,7 +349,8 @@ def tower_pipeline(options: DataOptions, tower: Tower, *, training: bool):
 
 
 def tower_dataset(options: DataOptions, tower: Tower, *, training: bool):
-    """A `DALIDataset` of (images [B,H,W,C] float32, labels [B,1] int32) on `tower`."""
+    """A `DALIDataset` on `tower` of (images [B,H,W,C] float32, labels [B,1]
+    int32), or for text of (bytes [B,T] int32, the bytes after them [B,T] int32)."""
     import nvidia.dali.plugin.tf as dali_tf
     import tensorflow as tf
 

@@ -60,13 +60,16 @@ def corpus(source: str | None) -> bytes:
                         f"{err.strerror}") from None
 
 
-def is_prepared(directory: str, seq_len: int) -> bool:
-    """True when `directory` holds this corpus cut into `seq_len` sequences."""
+def is_prepared(directory: str, seq_len: int, source: str | None = None) -> bool:
+    """True when `directory` holds this corpus, as it is now (its SHA-256),
+    cut into `seq_len` sequences."""
     meta = os.path.join(directory, META)
     if not os.path.isfile(meta):
         return False
     with open(meta) as stream:
-        return json.load(stream).get("seq_len") == seq_len
+        written = json.load(stream)
+    return (written.get("seq_len") == seq_len
+            and written.get("sha256") == hashlib.sha256(corpus(source)).hexdigest())
 
 
 def prepare(directory: str, source: str | None, seq_len: int, log: Log = print) -> dict:
@@ -84,8 +87,8 @@ def prepare(directory: str, source: str | None, seq_len: int, log: Log = print) 
 
     from engine.data.writers import replace_folder
 
-    if seq_len < 1:
-        raise DataError(f"<seq_len> ({seq_len}) must be at least 1")
+    if seq_len < 2:
+        raise DataError(f"<seq_len> ({seq_len}) must be at least 2")
     data = corpus(source)
     count = (len(data) - 1) // seq_len
     if count < 2:

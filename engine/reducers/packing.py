@@ -33,6 +33,8 @@ from engine.reducers.base import Reducer, check_towers
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import canonical
 
+__all__ = ["AFTER_PREVIOUS", "Packed", "bucket_scope", "plan"]
+
 AFTER_PREVIOUS = "after_previous"
 
 
@@ -107,15 +109,16 @@ class Packed:
         chained in bucket order."""
         reduced = [[] for _ in destinations]
         previous: dict[str, list[tf.Operation]] = {}
-        for k in range(len(packed[0])):
-            with tf.name_scope(scopes.REDUCE), tf.name_scope(bucket_scope(k)):
-                inputs = [[_after(buffers[k], device, previous.get(canonical(device)))]
-                          for buffers, device in zip(packed, devices)]
-                before = len(_graph_ops())
-                results = self.inner(inputs, devices, destinations)
-                previous = _by_device(_graph_ops()[before:])
-            for out, (buffer,) in zip(reduced, results):
-                out.append(buffer)
+        with tf.name_scope(scopes.REDUCE):
+            for k in range(len(packed[0])):
+                with tf.name_scope(bucket_scope(k)):
+                    inputs = [[_after(buffers[k], device, previous.get(canonical(device)))]
+                              for buffers, device in zip(packed, devices)]
+                    before = len(_graph_ops())
+                    results = self.inner(inputs, devices, destinations)
+                    previous = _by_device(_graph_ops()[before:])
+                for out, (buffer,) in zip(reduced, results):
+                    out.append(buffer)
         return reduced
 
 

@@ -287,7 +287,7 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
               "resnet50 or package.module:function.")
 @click.option("--num-classes", default=None, type=int,
               help="With --model: its classes; default the model's own (1000 for "
-              "resnet50, else 10).")
+              "resnet50, 256 for transformer, else 10).")
 @click.option("--reducers", "names", default="central,ring,tree,hierarchical,collective",
               show_default=True,
               help="Built-ins to time, by comma; with one parameter each where they "

@@ -61,7 +61,10 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
         raise UsageFailure("--seq-len cuts text into sequences; add --data-format text")
     if classes is not None and classes < 1:
         raise UsageFailure(f"--num-classes ({classes}) must be at least 1")
-    if classes is not None and not (data_format == "synthetic" or path is not None):
+    if classes is not None and data_format not in ("synthetic", "tfrecord", "auto"):
+        raise UsageFailure(f"--num-classes is for --data-format synthetic or tfrecord; "
+                           f"{data_format} data says its own class count")
+    if classes is not None and data_format != "synthetic" and path is None:
         raise UsageFailure("--num-classes is for --data-format synthetic or a --data "
                            "directory of TFRecords; MNIST has 10")
     if pipeline is not None:

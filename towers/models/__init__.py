@@ -1,7 +1,8 @@
-"""The model zoo (`mlp`, `lenet`, `resnet20`, `resnet50`), or the user's own
-function or `package.module:function`.
+"""The model zoo (`mlp`, `lenet`, `resnet20`, `resnet50`, `transformer`), or
+the user's own function or `package.module:function`.
 
-A model maps images [B, H, W, C] in [0, 1] to outputs [B, classes]: the zoo's
+A model maps images [B, H, W, C] in [0, 1] to outputs [B, classes] (the
+`transformer`: bytes [B, T] to [B, T, 256], text data): the zoo's
 give class probabilities (softmax outputs, as Keras' MNIST examples have them)
 for the default loss; a model that gives logits goes with a loss that takes
 them (`SparseCategoricalCrossentropy(from_logits=True)`). It is built once per

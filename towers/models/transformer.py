@@ -40,6 +40,22 @@ def _tied_embedding(width: int):
     return TiedEmbedding(name="bytes")
 
 
+def _positions(length: int, width: int):
+    """A learned position embedding added to the byte embedding."""
+    import keras
+
+    class PositionEmbedding(keras.layers.Layer):
+        def build(self, input_shape):
+            self.table = self.add_weight(
+                shape=(length, width), initializer=keras.initializers.RandomNormal(stddev=0.02),
+                name="table")
+
+        def call(self, inputs):
+            return inputs + keras.ops.cast(self.table, inputs.dtype)[None]
+
+    return PositionEmbedding(name="positions")
+
+
 def _block(x, width: int, heads: int, index: int):
     import keras
 
@@ -82,10 +98,7 @@ def transformer(input_shape=(128,), num_classes: int = BYTES, *, layers: int = 2
     (length,) = tuple(input_shape)
     tokens = keras.Input((length,), dtype="int32")
     embedding = _tied_embedding(width)
-    positions = keras.layers.Embedding(
-        length, width, embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
-        name="positions")(keras.ops.arange(length)[None])
-    x = keras.layers.Add()([embedding(tokens), positions])
+    x = _positions(length, width)(embedding(tokens))
     for index in range(layers):
         x = _block(x, width, heads, index)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
