@@ -31,7 +31,7 @@ def one_line_error(result, prog="tower-train"):
         (["--data", "/nonexistent/mnist"], "--data '/nonexistent/mnist' is not a directory; it should hold train/ (and val/), as written by 'tower-data mnist DIR'"),
         (["--batch-size", "0", "--data-format", "synthetic"], "--batch-size (0) must be at least 1"),
         (["--batch-size", "many"], "Invalid value for '--batch-size': 'many' is not a valid integer."),
-        (["--data-format", "csv"], "Invalid value for '--data-format': 'csv' is not one of 'auto', 'caffe2', 'folder', 'jpeg', 'tfrecord', 'synthetic'."),
+        (["--data-format", "csv"], "Invalid value for '--data-format': 'csv' is not one of 'auto', 'caffe2', 'folder', 'jpeg', 'tfrecord', 'text', 'synthetic'."),
         (["--image-size", "0", "--data-format", "synthetic"], "--image-size (0) must be at least 1"),
         (["--data-format", "folder"], "--data-format folder reads class folders from --data DIR; MNIST comes as caffe2, jpeg or tfrecord"),
         (["--num-classes", "5"], "--num-classes is for --data-format synthetic or a --data directory of TFRecords; MNIST has 10"),

@@ -148,8 +148,8 @@ def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
     [
         (lambda p: None, "auto", r"has no train/ directory"),
         (lambda p: (p / "train").mkdir(), "auto", r"is neither an LMDB database \(data.mdb\), nor a "
-         r"folder of TFRecord files \(\*.tfrecord\), nor a folder of class sub-folders"),
-        (lambda p: (p / "train").mkdir(), "tfrecord", r"holds no TFRecord files \(\*.tfrecord\)"),
+         r"folder of TFRecord files \(\*.tfrecord or \*-NNNNN-of-NNNNN\), nor a folder of class sub-folders"),
+        (lambda p: (p / "train").mkdir(), "tfrecord", r"holds no TFRecord files \(\*.tfrecord or \*-NNNNN-of-NNNNN\)"),
         (lambda p: (p / "train.txt").write_text("a.jpg cat\n"), "jpeg",
          r"train.txt line 1 is 'a.jpg cat'; a file list has 'path label' lines"),
         (lambda p: (p / "train" / "x").mkdir(parents=True), "caffe2", r"is not an LMDB database \(no data.mdb\)"),

@@ -120,6 +120,19 @@ def test_the_index_fallback_writes_what_dalis_script_writes(written, tmp_path):
         write_index(str(cut), str(tmp_path / "cut.idx"))
 
 
+def test_imagenet_shard_names_without_extension_are_read(written, tmp_path):
+    """The Inception scripts name ImageNet's shards train-00000-of-01024."""
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        for k, file in enumerate(sorted((written["tfrecord"] / split).glob("*.tfrecord"))):
+            shutil.copy(file, tmp_path / split / f"{split}-{k:05d}-of-00002")
+    info = data.inspect(str(tmp_path), "tfrecord", num_classes=10)
+    assert (info.train_size, info.val_size) == (TRAIN, TEST)
+    assert (tmp_path / "train" / "train-00001-of-00002.idx").is_file()
+    images, labels = read_held_out(info, 8)
+    assert images.shape == (8, 28, 28, 1) and len(labels) == 8
+
+
 def test_tfrecords_without_meta_need_num_classes(written, tmp_path):
     copy = tmp_path / "records"
     shutil.copytree(written["tfrecord"], copy)

@@ -46,6 +46,7 @@ class Reduced(NamedTuple):
 def sample_labels(labels: tf.Tensor) -> tf.Tensor:
     """Labels as the losses take them: [B] for one label per sample (a
     batch of [B, 1]), [B, T] for one per position (a language model's)."""
+    labels = tf.convert_to_tensor(labels)
     if labels.shape.rank is not None and labels.shape.rank >= 2 and labels.shape[-1] == 1:
         return tf.reshape(labels, [-1])
     return labels
