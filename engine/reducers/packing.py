@@ -103,7 +103,6 @@ class Packed:
             out.append(grads)
         return out
 
-
     def _chained(self, packed, devices, destinations):
         """The buffers reduced one bucket at a time, each device's launches
         chained in bucket order."""
