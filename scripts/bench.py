@@ -175,14 +175,14 @@ def run_engine(config: dict) -> list[float]:
         with precision.policy(config.get("dtype", "float32")):
             return build_model(config)
 
+    copies = variables.make(mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement,
+                            xla=config.get("xla", False))
     if config.get("buckets"):
         gradient_bytes = sum(4 * int(v.shape.num_elements())
-                             for v in build_model(config).trainable_variables)
+                             for v in copies.model.trainable_variables)
         config["pack_bytes"] = max(1, gradient_bytes // config["buckets"])
     step = TowerStep(
-        variables=variables.make(
-            mode, make_model, lambda: keras.optimizers.Adam(1e-3), placement,
-            xla=config.get("xla", False)),
+        variables=copies,
         placement=placement,
         reducer=reducers.build(reducers.ReducerOptions(
             config.get("reducer", "central"), pack_bytes=config.get("pack_bytes", 0)), placement),

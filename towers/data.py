@@ -250,7 +250,7 @@ def text(corpus: str | None = None, seq_len: int = 128) -> Source:
       The source.
 
     Raises:
-      DataError: a corpus that is not a file, or a seq_len below 1.
+      DataError: a corpus that is not a file, or a seq_len below 2.
     """
     import hashlib
 

@@ -45,7 +45,7 @@ class Trainer:
       image_size: decode and resize images to image_size x image_size;
         default: the model's own size (the ResNets'), else as stored.
       augment: the standard ImageNet training augmentation and evaluation
-        crop (`towers.data.DataOptions`); default: as the data says (on
+        crop (`engine.data.DataOptions`); default: as the data says (on
         for JPEG and TFRecord data, off for MNIST in any format).
       reducer: `"central"`, `"ring"`, `"tree"`, `"hierarchical"`,
         `"collective"`, `"nccl"`; a reducer with state with its parameters,

@@ -20,7 +20,7 @@ import tensorflow as tf
 from engine.errors import UsageError
 from engine.userfn import calling, check_signature, label
 
-__all__ = ["Loss", "per_sample", "sparse_cross_entropy"]
+__all__ = ["Loss", "per_sample", "sample_means", "sparse_cross_entropy"]
 
 Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -73,13 +73,18 @@ def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
     return _per_sample(values)
 
 
+def sample_means(values: tf.Tensor) -> tf.Tensor:
+    """[B] values unchanged; [B, T, ...] values averaged into one per sample."""
+    rank = values.shape.rank
+    if rank is None or rank <= 1:
+        return values
+    return tf.reduce_mean(values, axis=list(range(1, rank)))
+
+
 def _per_sample(loss: Loss) -> Loss:
     """`loss` with any per-position values averaged into one per sample."""
 
     def values(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-        result = tf.cast(loss(labels, outputs), tf.float32)
-        if result.shape.rank is not None and result.shape.rank > 1:
-            result = tf.reduce_mean(result, axis=list(range(1, result.shape.rank)))
-        return result
+        return sample_means(tf.cast(loss(labels, outputs), tf.float32))
 
     return values

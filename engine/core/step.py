@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from engine.core import scopes
 from engine.core.loss_scale import NoLossScale
-from engine.core.losses import Loss, sparse_cross_entropy
+from engine.core.losses import Loss, sample_means, sparse_cross_entropy
 from engine.core.on_device import OnDevice
 from engine.reducers.base import Reducer, mean
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
@@ -56,9 +56,7 @@ def count_correct(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """Per sample, 1.0 where the largest output (probability or logit) is the
     label's; with a label per position, the fraction of positions right."""
     predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
-    right = tf.cast(predicted == labels, tf.float32)
-    return right if right.shape.rank == 1 else tf.reduce_mean(
-        right, axis=list(range(1, right.shape.rank)))
+    return sample_means(tf.cast(predicted == labels, tf.float32))
 
 
 def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -11,10 +11,10 @@ of these layouts:
   lists `train.txt` and `val.txt` of `path label` lines, paths relative to
   the directory;
 * `tfrecord`: `train/` and `val/` hold ImageNet-format TFRecord files
-  (`*.tfrecord`, `tf.train.Example`s with `image/encoded` and
-  `image/class/label`), each with its DALI index `NAME.idx` beside it; a
-  missing index is made with DALI's `tfrecord2idx`.
-
+  (`NAME.tfrecord`, or shards named `train-00000-of-01024`;
+  `tf.train.Example`s with `image/encoded` and `image/class/label`), each
+  with its DALI index `NAME.idx` beside it; a missing index is made with
+  DALI's `tfrecord2idx`;
 * `text`: `train/` and `val/` TFRecords of byte sequences, made from a text
   corpus by engine.data.text, with its `meta.json`.
 
@@ -131,12 +131,10 @@ def inspect(path: str | None, data_format: str = "auto",
     val = val if os.path.isdir(val) else None
     fmt = _detect(train) if data_format == "auto" else data_format
     if fmt == "caffe2":
-        info = _lmdb_info(train, val, meta)
-    elif fmt == "tfrecord":
-        info = _tfrecord_info(train, val, meta, num_classes)
-    else:
-        info = _folder_info(train, val, fmt, meta)
-    return info
+        return _lmdb_info(train, val, meta)
+    if fmt == "tfrecord":
+        return _tfrecord_info(train, val, meta, num_classes)
+    return _folder_info(train, val, fmt, meta)
 
 
 def _meta(root: str) -> dict:
@@ -153,8 +151,7 @@ def _text_info(root: str, meta: dict) -> DatasetInfo:
     if meta.get("format") != "text":
         raise DataError(f"<path> {root!r} is not a prepared text corpus (no meta.json "
                         "of format text); give the text file itself")
-    sizes = [sum(_count_lines(i) for i in ensure_indices(os.path.join(root, split)))
-             for split in ("train", "val")]
+    sizes = [_records(os.path.join(root, split)) for split in ("train", "val")]
     return DatasetInfo("text", os.path.join(root, "train"), os.path.join(root, "val"),
                        sizes[0], sizes[1], 256, seq_len=int(meta["seq_len"]))
 
@@ -254,12 +251,7 @@ def ensure_indices(split: str) -> list[str]:
 
 def _tfrecord_info(train: str, val: str | None, meta: dict,
                    num_classes: int | None) -> DatasetInfo:
-    sizes = []
-    for split in (train, val):
-        if split is None:
-            sizes.append(None)
-            continue
-        sizes.append(sum(_count_lines(index) for index in ensure_indices(split)))
+    sizes = [None if split is None else _records(split) for split in (train, val)]
     if num_classes is None and "num_classes" not in meta:
         raise DataError(
             f"<num_classes> is needed: {os.path.dirname(train)!r} has TFRecords and no "
@@ -339,9 +331,13 @@ def write_index(file: str, index: str) -> None:
         out.writelines(lines)
 
 
-def _count_lines(path: str) -> int:
-    with open(path, "rb") as stream:
-        return sum(1 for line in stream if line.strip())
+def _records(split: str) -> int:
+    """Records in a split's TFRecord files: lines of their DALI indices."""
+    total = 0
+    for index in ensure_indices(split):
+        with open(index, "rb") as stream:
+            total += sum(1 for line in stream if line.strip())
+    return total
 
 
 def class_folders(root: str) -> list[str]:

@@ -10,6 +10,7 @@ order, concatenated.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,8 @@ from collections.abc import Callable
 
 from engine.data.inspect import DataError, ensure_indices
 
-__all__ = ["DEFAULT_CORPUS", "HELD_OUT", "corpus", "is_prepared", "prepare", "stdlib_corpus"]
+__all__ = ["DEFAULT_CORPUS", "HELD_OUT", "corpus", "digest", "is_prepared", "prepare",
+           "stdlib_corpus"]
 
 DEFAULT_CORPUS = "stdlib"
 HELD_OUT = 0.05
@@ -68,8 +70,21 @@ def is_prepared(directory: str, seq_len: int, source: str | None = None) -> bool
         return False
     with open(meta) as stream:
         written = json.load(stream)
-    return (written.get("seq_len") == seq_len
-            and written.get("sha256") == hashlib.sha256(corpus(source)).hexdigest())
+    return written.get("seq_len") == seq_len and written.get("sha256") == digest(source)
+
+
+def digest(source: str | None) -> str:
+    """The SHA-256 of the corpus, read and hashed once per process for each
+    state of the file (its path, size and modification time)."""
+    if source is None or source == DEFAULT_CORPUS or not os.path.isfile(source):
+        return _digest(source, None)  # the standard library; a missing file raises
+    stat = os.stat(source)
+    return _digest(source, (os.path.abspath(source), stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(source: str | None, state) -> str:
+    return hashlib.sha256(corpus(source)).hexdigest()
 
 
 def prepare(directory: str, source: str | None, seq_len: int, log: Log = print) -> dict:
@@ -85,7 +100,7 @@ def prepare(directory: str, source: str | None, seq_len: int, log: Log = print) 
     """
     import tensorflow as tf
 
-    from engine.data.writers import replace_folder
+    from engine.data.writers import example, replace_folder
 
     if seq_len < 2:
         raise DataError(f"<seq_len> ({seq_len}) must be at least 2")
@@ -107,11 +122,7 @@ def prepare(directory: str, source: str | None, seq_len: int, log: Log = print) 
         def write(folder: str, samples=samples, split=split) -> None:
             with tf.io.TFRecordWriter(os.path.join(folder, f"{split}.tfrecord")) as writer:
                 for i in samples:
-                    chunk = data[i * seq_len: i * seq_len + seq_len + 1]
-                    example = tf.train.Example(features=tf.train.Features(feature={
-                        FEATURE: tf.train.Feature(bytes_list=tf.train.BytesList(value=[chunk]))
-                    }))
-                    writer.write(example.SerializeToString())
+                    writer.write(example({FEATURE: data[i * seq_len: i * seq_len + seq_len + 1]}))
             ensure_indices(folder)
 
         replace_folder(os.path.join(directory, split), write)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["encode_jpeg", "replace_folder", "write_jpeg_split", "write_tfrecord_split"]
+__all__ = ["encode_jpeg", "example", "replace_folder", "write_jpeg_split",
+           "write_tfrecord_split"]
 
 Progress = Callable[[int, int], None]
 JPEG_QUALITY = 95
@@ -27,6 +28,19 @@ def encode_jpeg(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="JPEG", quality=JPEG_QUALITY)
     return buffer.getvalue()
+
+
+def example(features: dict[str, bytes | int]) -> bytes:
+    """A serialized `tf.train.Example` of bytes and integer features."""
+    import tensorflow as tf
+
+    def feature(value: bytes | int) -> tf.train.Feature:
+        if isinstance(value, bytes):
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+
+    return tf.train.Example(features=tf.train.Features(
+        feature={key: feature(value) for key, value in features.items()})).SerializeToString()
 
 
 def replace_folder(final: str, write: Callable[[str], None]) -> None:
@@ -96,12 +110,6 @@ def write_tfrecord_split(directory: str, images: np.ndarray, labels: np.ndarray,
     """
     import tensorflow as tf
 
-    def int64(value: int) -> tf.train.Feature:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
-
-    def raw(value: bytes) -> tf.train.Feature:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
     from engine.data.inspect import ensure_indices
 
     name = os.path.basename(os.path.normpath(directory))
@@ -114,15 +122,14 @@ def write_tfrecord_split(directory: str, images: np.ndarray, labels: np.ndarray,
             with tf.io.TFRecordWriter(os.path.join(folder, file)) as writer:
                 for index in range(bounds[shard], bounds[shard + 1]):
                     image = images[index]
-                    example = tf.train.Example(features=tf.train.Features(feature={
-                        "image/encoded": raw(encode_jpeg(image)),
-                        "image/format": raw(b"JPEG"),
-                        "image/height": int64(image.shape[0]),
-                        "image/width": int64(image.shape[1]),
-                        "image/channels": int64(image.shape[2] if image.ndim == 3 else 1),
-                        "image/class/label": int64(labels[index]),
+                    writer.write(example({
+                        "image/encoded": encode_jpeg(image),
+                        "image/format": b"JPEG",
+                        "image/height": image.shape[0],
+                        "image/width": image.shape[1],
+                        "image/channels": image.shape[2] if image.ndim == 3 else 1,
+                        "image/class/label": labels[index],
                     }))
-                    writer.write(example.SerializeToString())
                     _report(progress, index + 1, len(images))
             files.append(os.path.join(directory, file))
         ensure_indices(folder)

@@ -59,8 +59,6 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
                                "seq_len"))
     if seq_len is not None and data_format != "text":
         raise UsageFailure("--seq-len cuts text into sequences; add --data-format text")
-    if classes is not None and classes < 1:
-        raise UsageFailure(f"--num-classes ({classes}) must be at least 1")
     if classes is not None and data_format not in ("synthetic", "tfrecord", "auto"):
         raise UsageFailure(f"--num-classes is for --data-format synthetic or tfrecord; "
                            f"{data_format} data says its own class count")
@@ -74,7 +72,7 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     elif data_format == "text":
         flags["data"] = sources.text(path, 128 if seq_len is None else seq_len)
     elif data_format == "synthetic":
-        flags["data"] = sources.synthetic(num_classes=classes or 10)
+        flags["data"] = sources.synthetic(num_classes=10 if classes is None else classes)
     elif path is None:
         if data_format == "folder":
             raise UsageFailure("--data-format folder reads class folders from --data DIR; "
