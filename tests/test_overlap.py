@@ -89,8 +89,7 @@ def test_first_bucket_is_reduced_while_the_first_layer_is_still_backward():
         ])
 
     variables = ReduceDeviceVariables(model, lambda: keras.optimizers.SGD(0.01), p)
-    step = TowerStep(variables=variables, placement=p,
-                     reducer=reducers.build(ReducerOptions("central", pack_bytes=1), p))
+    reducer = reducers.build(ReducerOptions("central", pack_bytes=1), p)
     iterators = []
     for tower in p.towers:
         with tf.device(tower.device):
@@ -99,20 +98,36 @@ def test_first_bucket_is_reduced_while_the_first_layer_is_still_backward():
             iterators.append(iter(tf.data.Dataset.from_tensors(batch).repeat()))
     info = placement_log.RunInfo(towers=tuple(p.devices), reduce_device="/cpu:0",
                                  parameters=0, parameter_bytes=0, batch_size=256, model="dense")
-    log = placement_log.PlacementLog(None, info)
-    with tf.device("/cpu:0"):
-        for _ in range(2):  # captured, then profiled
-            log.call("train", step.train, iterators)
-    slices = report.slices(log.entries, "train")
-    first_layer = [s for s in slices  # Keras may name it first_1
-                   if s["phase"] == "backward" and re.search(r"/first(_\d+)?/", s["name"])]
-    bucket_0 = [s for s in slices if bucket_of(s["name"]) == 0 and s["phase"] == "reduce"]
-    assert first_layer and bucket_0
-    first_layer_end = max(s["start_us"] + s["dur_us"] for s in first_layer)
-    assert min(s["start_us"] for s in bucket_0) < first_layer_end
-    measured = overlap.overlap(slices)
-    assert measured.first_reduce_us < measured.backward_end_us
-    assert 0.0 < measured.hidden_fraction <= 1.0
+    # Overlap needs a free thread while backward runs; on a loaded two-core
+    # host one profiled step may run serially (or the profiler may record
+    # nothing), so the claim must hold in one of three profiled steps, each
+    # named in the failure message.
+    seen = []
+    for _ in range(3):
+        # A new step each time: placement is reported on a function's first call.
+        step = TowerStep(variables=variables, placement=p, reducer=reducer)
+        log = placement_log.PlacementLog(None, info)
+        with tf.device("/cpu:0"):
+            for _ in range(2):  # captured, then profiled
+                log.call("train", step.train, iterators)
+        slices = report.slices(log.entries, "train")
+        first_layer = [s for s in slices  # Keras may name it first_1
+                       if s["phase"] == "backward" and re.search(r"/first(_\d+)?/", s["name"])]
+        bucket_0 = [s for s in slices if bucket_of(s["name"]) == 0 and s["phase"] == "reduce"]
+        if not (first_layer and bucket_0):
+            seen.append(f"{len(slices)} slices, {len(first_layer)} of the first layer's "
+                        f"backward, {len(bucket_0)} of bucket 0's reduction; notes {log.notes}")
+            continue
+        first_layer_end = max(s["start_us"] + s["dur_us"] for s in first_layer)
+        bucket_0_start = min(s["start_us"] for s in bucket_0)
+        measured = overlap.overlap(slices)
+        seen.append(f"bucket 0 from {bucket_0_start:.0f} us, first layer's backward until "
+                    f"{first_layer_end:.0f} us, {measured}")
+        if (bucket_0_start < first_layer_end
+                and measured.first_reduce_us < measured.backward_end_us
+                and 0.0 < measured.hidden_fraction <= 1.0):
+            return
+    pytest.fail("no profiled step overlapped reduction and backward: " + "; ".join(seen))
 
 
 def test_overlap_of_hand_made_slices():

@@ -532,3 +532,15 @@ def test_trace_of_a_log_without_timings_is_one_line(logs, tmp_path):
         "come from its second call: write the log with a run that calls it at least twice"
     )
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_function_that_already_ran_is_refused_with_the_reason():
+    step, iterators, placement_ = tiny_step(("/cpu:0", "/cpu:1"), "/cpu:0",
+                                            lambda: keras.optimizers.SGD(0.1), "central")
+    step.train(iterators)  # TensorFlow reports placement on this call only
+    log = placement.PlacementLog(None, placement.RunInfo(
+        towers=placement_.devices, reduce_device="/cpu:0", parameters=15,
+        parameter_bytes=60, batch_size=8, model="tiny"), timings=False)
+    with pytest.raises(ValueError, match="train step's function ran before this log saw it"):
+        log.call("train", step.train, iterators)
+    assert [e["kind"] for e in log.entries] == ["run"]  # nothing half-recorded

@@ -357,6 +357,12 @@ class PlacementLog:
                 return self._time(kind, function, *args)
             return function(*args)
         result, metadata = collect(function, *args)
+        if not metadata.function_graphs:
+            raise ValueError(
+                f"the {kind} step's function ran before this log saw it, and TensorFlow "
+                "reports placement only on a tf.function's first call: log its first "
+                "call (or a new tf.function)"
+            )
         graph = function.get_concrete_function(*args).graph
         new = records(metadata, kind, self.info.towers, graph)
         self.entries.extend(new)
