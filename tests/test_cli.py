@@ -35,6 +35,8 @@ def one_line_error(result, prog="tower-train"):
         (["--image-size", "0", "--data-format", "synthetic"], "--image-size (0) must be at least 1"),
         (["--data-format", "folder"], "--data-format folder reads class folders from --data DIR; MNIST comes as caffe2, jpeg or tfrecord"),
         (["--data-format", "synthetic", "--num-classes", "0"], "--num-classes (0) must be at least 1"),
+        (["--data-format", "synthetic", "--synthetic-samples", "0"], "--synthetic-samples (0) must be at least 1"),
+        (["--synthetic-samples", "8"], "--synthetic-samples (8) is for --data-format synthetic"),
         (["--num-classes", "5"], "--num-classes is for --data-format synthetic or a --data directory of TFRecords; MNIST has 10"),
         (["--optimizer", "lamb"], "Invalid value for '--optimizer': 'lamb' is not one of 'sgd', 'momentum', 'adam', 'rmsprop'."),
         (["--metrics", "/nonexistent/m.jsonl"], "--metrics '/nonexistent/m.jsonl': its directory does not exist"),

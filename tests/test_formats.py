@@ -49,6 +49,27 @@ def read_held_out(info, batch, **kwargs):
     return images.numpy(), labels.numpy().ravel()
 
 
+def test_fixed_synthetic_samples_repeat_exactly():
+    """synthetic_samples=5 at 1000 classes: every image of a label is the
+    same image, and a large batch holds at most the 5 fixed samples."""
+    options = data.DataOptions(format="synthetic", train_path=None, val_path=None,
+                               batch_size=256, num_threads=1, image_shape=(8, 8, 3),
+                               num_classes=1000, synthetic_samples=5)
+    with tf.device("/cpu:0"):
+        images, labels = next(iter(data.tower_dataset(options, TOWER, training=True)))
+    images, labels = images.numpy().reshape(256, -1), labels.numpy().ravel()
+    assert 1 < len(set(labels.tolist())) <= 5 and labels.max() < 1000
+    assert len(np.unique(images, axis=0)) == len(set(labels.tolist()))
+    for label in set(labels.tolist()):
+        np.testing.assert_array_equal(images[labels == label], images[labels == label][:1].repeat(
+            (labels == label).sum(), axis=0))
+    with pytest.raises(data.DataError, match=r"^samples \(0\) must be at least 1$"):
+        towers.data.synthetic(samples=0)
+    with pytest.raises(data.DataError, match=r"^samples \(3\) is for format='synthetic' data"):
+        data.DataOptions(format="caffe2", train_path="x", val_path=None, batch_size=1,
+                         synthetic_samples=3)
+
+
 @pytest.mark.parametrize("layout", ["jpeg", "jpeg-folders", "tfrecord"])
 def test_each_layout_reads_back_the_digits(written, small, layout):
     info = data.inspect(str(written[layout]), layout.split("-")[0])

@@ -163,6 +163,7 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
                      image_shape(source, info, model_shape, image_size)),
         seq_len=info.seq_len or 0,
         num_classes=info.num_classes,
+        synthetic_samples=source.samples,
         stored_shape=info.image_shape,
         augment=info.augment if augment is None else augment,
         seed=seed,

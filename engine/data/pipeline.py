@@ -126,6 +126,11 @@ class DataOptions:
       seq_len: with `text`, bytes per sequence: each sample is T input bytes
         and the T bytes that follow each of them, both int32.
       num_classes: labels are in [0, num_classes).
+      synthetic_samples: with `synthetic`, a fixed set of this many samples
+        (their labels drawn once, each image exactly its class's pattern),
+        drawn from at random every step: a set a model can memorise, as
+        tf_cnn_benchmarks' one fixed synthetic batch is. None: every sample
+        is new (a random label, its class's pattern plus noise).
       seed: base seed; tower k shuffles with seed + k.
       num_threads: DALI CPU worker threads per pipeline.
       prefetch: DALI prefetch queue depth.
@@ -145,6 +150,7 @@ class DataOptions:
     batch_size: int
     image_shape: tuple[int, int, int] = (28, 28, 1)
     num_classes: int = 10
+    synthetic_samples: int | None = None
     stored_shape: tuple[int, int, int] | None = None
     augment: bool = False
     seq_len: int = 0
@@ -171,11 +177,23 @@ class DataOptions:
             raise DataError(f"<seq_len> ({self.seq_len}) must be at least 2")
         if self.num_classes < 1:
             raise DataError(f"<num_classes> ({self.num_classes}) must be at least 1")
+        check_synthetic_samples(self.synthetic_samples, self.format)
         if (len(self.image_shape) != 3 or self.image_shape[2] not in (1, 3)
                 or min(self.image_shape[:2]) < 1):
             raise DataError(
                 f"<image_shape> {tuple(self.image_shape)} is not (height, width, 1 or 3)"
             )
+
+
+def check_synthetic_samples(samples: int | None, data_format: str) -> None:
+    """Raises DataError unless `samples` is None, or at least 1 with synthetic data."""
+    if samples is None:
+        return
+    if data_format != "synthetic":
+        raise DataError(f"<samples> ({samples}) is for <format=synthetic> data, "
+                        f"not {data_format}")
+    if samples < 1:
+        raise DataError(f"<samples> ({samples}) must be at least 1")
 
 
 def sample_shape(options: DataOptions) -> tuple[int, ...]:
@@ -223,20 +241,26 @@ def _synthetic(options: DataOptions):
     pattern (the sine of a fixed random phase per pixel, at a frequency of
     label + 1), and every image is its class's pattern plus uniform noise.
     A model can learn them, so a falling loss on synthetic data shows that
-    training works, with no files at any shape."""
+    training works, with no files at any shape. With `synthetic_samples`,
+    the labels are drawn from that many fixed ones and the images have no
+    noise: the data is that many fixed samples."""
     import numpy as np
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, types
 
     shape = list(options.image_shape)
-    labels = fn.random.uniform(
-        values=list(range(options.num_classes)), dtype=types.INT32, shape=[1]
-    )
-    phase = np.random.default_rng(SYNTHETIC_SEED).uniform(0.0, 2 * np.pi, shape)
+    rng = np.random.default_rng(SYNTHETIC_SEED)
+    phase = rng.uniform(0.0, 2 * np.pi, shape)
+    values = list(range(options.num_classes))
+    if options.synthetic_samples is not None:
+        values = rng.integers(0, options.num_classes, options.synthetic_samples).tolist()
+    labels = fn.random.uniform(values=values, dtype=types.INT32, shape=[1])
     pattern = fn.constant(fdata=phase.astype(np.float32).ravel().tolist(), shape=shape)
     frequency = fn.cast(fn.reshape(labels, shape=[]), dtype=types.FLOAT) + 1.0
-    noise = fn.random.uniform(range=[-0.25, 0.25], shape=shape)
-    return 0.5 + 0.25 * dmath.sin(pattern * frequency) + noise, labels
+    images = 0.5 + 0.25 * dmath.sin(pattern * frequency)
+    if options.synthetic_samples is None:
+        images = images + fn.random.uniform(range=[-0.25, 0.25], shape=shape)
+    return images, labels
 
 
 def _sequences(options: DataOptions, path: str, shard: Shard):

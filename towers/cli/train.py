@@ -54,9 +54,11 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
         check_output_path(flag, path)
     for flag, path in (("--checkpoint-dir", fit["checkpoint_dir"]), ("--logdir", fit["logdir"])):
         check_output_dir(flag, path)
-    path, data_format, pipeline, classes, seq_len = (
+    path, data_format, pipeline, classes, seq_len, samples = (
         flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes",
-                               "seq_len"))
+                               "seq_len", "synthetic_samples"))
+    if samples is not None and data_format != "synthetic":
+        raise UsageFailure(f"--synthetic-samples ({samples}) is for --data-format synthetic")
     if seq_len is not None and data_format != "text":
         raise UsageFailure("--seq-len cuts text into sequences; add --data-format text")
     if classes is not None and data_format not in ("synthetic", "tfrecord", "auto"):
@@ -72,7 +74,8 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     elif data_format == "text":
         flags["data"] = sources.text(path, 128 if seq_len is None else seq_len)
     elif data_format == "synthetic":
-        flags["data"] = sources.synthetic(num_classes=10 if classes is None else classes)
+        flags["data"] = sources.synthetic(num_classes=10 if classes is None else classes,
+                                          samples=samples)
     elif path is None:
         if data_format == "folder":
             raise UsageFailure("--data-format folder reads class folders from --data DIR; "
@@ -231,7 +234,8 @@ def resume_command(*extra: str) -> str:
 
 
 FLAGS = common.flags_of(tower_train, data="--data", path="--data", format="--data-format",
-                        pipeline="--data-pipeline", compute_dtype="--mixed-precision")
+                        pipeline="--data-pipeline", compute_dtype="--mixed-precision",
+                        samples="--synthetic-samples")
 
 
 def main():

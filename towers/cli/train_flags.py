@@ -81,6 +81,14 @@ _OPTIONS = [
         "without a meta.json.",
     ),
     click.option(
+        "--synthetic-samples",
+        default=None,
+        type=int,
+        help="With --data-format synthetic: a fixed set of N samples that every "
+        "step draws from, which a model can memorise (a falling loss in a few "
+        "steps even at 1000 classes). Default: every sample new.",
+    ),
+    click.option(
         "--augment/--no-augment",
         default=None,
         help="The standard ImageNet training augmentation (random resized crop, "
