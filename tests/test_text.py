@@ -1,6 +1,7 @@
 """Byte-level language modelling: the corpus cut into sequences on DALI, the
 causal Transformer with tied output, and per-position labels in the step."""
 
+import io
 import os
 
 import numpy as np
@@ -89,9 +90,10 @@ def test_transformer_trains_on_text_with_per_byte_accuracy(corpus_file, monkeypa
                              data=towers.data.text(str(corpus_file), seq_len=32))
     assert trainer.options.data.seq_len == 32
     assert os.path.isdir(tmp_path / "tower-train")
-    with open(os.devnull, "w") as quiet:
-        trainer.stream = quiet
-        records = trainer.fit(epochs=3, steps_per_epoch=15)
+    trainer.stream = io.StringIO()
+    records = trainer.fit(epochs=3, steps_per_epoch=15)
     assert records[-1]["loss"] < records[0]["loss"] < np.log(256) + 0.5
+    final = [line for line in trainer.stream.getvalue().splitlines() if line.startswith("15/15")]
+    assert len(final) == 3 and all(" - sequences/s: " in line for line in final), final
     assert 0.0 < records[-1]["eval_accuracy"] < 1.0  # the fraction of bytes right
     assert records[-1]["eval_loss"] < np.log(256)

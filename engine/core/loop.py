@@ -131,6 +131,8 @@ def run(
     global_batch = sum(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
+    # Sequences (token ids, [batch, T]) are counted as such, images as images.
+    rate = "sequences/s" if train_iterators[0].element_spec[0].shape.rank == 2 else "images/s"
     per_epoch = options.steps_per_epoch
     done = started = int(step.global_step.numpy())
     history = []
@@ -157,7 +159,7 @@ def run(
                 progress.update(
                     k - 1,
                     per_epoch,
-                    {**_train_values(step), "images/s": (k - first) * global_batch / elapsed},
+                    {**_train_values(step), rate: (k - first) * global_batch / elapsed},
                 )
         seconds = time.perf_counter() - start
         record = {"epoch": epoch, **step.metrics()}
@@ -177,7 +179,7 @@ def run(
             seconds,
             {
                 **_train_values(record),
-                "images/s": record["images_per_sec"],
+                rate: record["images_per_sec"],
                 "eval_loss": record["eval_loss"],
                 "eval_accuracy": record["eval_accuracy"],
             },

@@ -47,13 +47,24 @@ def parse_size(text: str) -> int:
     return int(digits) * scale
 
 
-def measure(reducer_name, placement, shapes, options, variables, repeats, warmup,
-            topology=None):
-    """One row of the table: `reducer_name` on float32 tensors of `shapes`
-    per tower (one call for all); with `topology` and one tensor, the cost
+@dataclasses.dataclass
+class Prepared:
+    """A reducer built and traced on one workload, ready to be timed."""
+
+    name: str
+    reducer: object
+    function: object
+    sent: list
+    shapes: list
+    destinations: list
+    predicted: float | None
+
+
+def prepare(reducer_name, placement, shapes, options, variables, topology=None) -> Prepared:
+    """`reducer_name` on float32 tensors of `shapes` per tower (one call for
+    all), traced and run once; with `topology` and one tensor, the cost
     model's prediction too."""
     from engine import reducers
-    from engine.placement import report as placement_report
     from engine.reducers.conformance_checks import build_for
     from engine.reducers.measure import reduction_transfers
 
@@ -61,59 +72,80 @@ def measure(reducer_name, placement, shapes, options, variables, repeats, warmup
     devices = placement.devices
     predicted = None
     destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
-    state = reducers.stateful_part(reducer)
-    if state is not None:  # topk, signsgd, powersgd: built for this one tensor
+    if reducers.stateful_part(reducer) is not None:  # topk, signsgd, powersgd: built for this one tensor
         import tensorflow as tf
 
         build_for(reducer, shapes, devices, destinations, tf.float32)
     function, sent = reduction_transfers(reducer, devices, destinations, shapes)
-    size = sum(int(np.prod(shape)) for shape in shapes)
     if topology is not None and len(shapes) == 1:
         from engine.cost import compare
 
+        size = sum(int(np.prod(shape)) for shape in shapes)
         predicted = compare.predict_seconds(reducer, topology, devices, destinations, 4 * size)
+    return Prepared(reducer_name, reducer, function, sent, shapes, destinations, predicted)
+
+
+def time_interleaved(functions, repeats: int, warmup: int) -> list[list[float]]:
+    """Seconds of `repeats` calls of each function, timed in rounds (one call
+    of each per round, the order rotating), so that every function meets the
+    same machine: on a shared host the same call can take twice as long a
+    minute later, and timing one function's calls after another's would
+    order them by the machine's mood."""
     for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
+        for function in functions:
+            function()
+    times = [[] for _ in functions]
+    for round_ in range(repeats):
+        for k in range(len(functions)):
+            k = (k + round_) % len(functions)
+            start = time.perf_counter()
+            functions[k]()
+            times[k].append(time.perf_counter() - start)
+    return times
+
+
+def measure(prepared: Prepared, placement, options, variables, times: list[float]) -> dict:
+    """One row of the table, from a prepared reducer's timed calls."""
+    import tensorflow as tf
+
+    from engine.cost.compare import bus_factor
+    from engine.placement import report as placement_report
+    from engine.reducers import stateful_part
+    from engine.reducers.auto import Auto
+
+    devices, reducer, shapes = placement.devices, prepared.reducer, prepared.shapes
+    size = sum(int(np.prod(shape)) for shape in shapes)
+    state = stateful_part(reducer)
     per_device = {}
-    for t in sent:
+    for t in prepared.sent:
         per_device[t["src"]] = per_device.get(t["src"], 0) + (t["bytes"] or 0)
     info = {
         "parameter_bytes": 4 * size,
         "towers": list(devices),
         "reduce_device": placement.reduce_device,
         "variables": variables,
-        "reducer": reducer_name,
+        "reducer": prepared.name,
         "compress": options.compress,
         "reduction_bytes": None if state is None else state.step_bytes(),
     }
-    import tensorflow as tf
-
-    from engine.cost.compare import bus_factor
-    from engine.reducers.auto import Auto
-
     seconds = statistics.median(times)
     algbw = 4 * size / seconds
     return {
-        "reducer": reducer_name,
+        "reducer": prepared.name,
         "towers": len(devices),
         "tensor_bytes": 4 * size,
         "seconds": seconds,
         "best_seconds": min(times),
         "algbw": algbw,
         "busbw": algbw * bus_factor(len(devices), variables == "replicated"),
-        "predicted_seconds": predicted,
+        "predicted_seconds": prepared.predicted,
         "tensors": len(shapes),
-        "chose": (reducer.choose(size, tf.float32, devices, destinations)
+        "chose": (reducer.choose(size, tf.float32, devices, prepared.destinations)
                   if isinstance(reducer, Auto) and len(shapes) == 1 else None),
         "bytes_moved": sum(per_device.values()),
         "ideal_bytes": placement_report.reduction_bytes(info),
         "busiest_device_bytes": max(per_device.values(), default=0),
-        "transfers_visible": bool(sent),
+        "transfers_visible": bool(prepared.sent),
     }
 
 
@@ -409,16 +441,20 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
         total = 4 * sum(int(np.prod(shape)) for shape in workloads[0])
         click.echo(f"model {model}: {len(workloads[0])} gradients, {total / 1e6:.2f} MB "
                    "per tower, reduced in one call", err=True)
-    # Size by size, every reducer in turn: the reducers compared at a size are
-    # timed minutes apart at most, whatever else the machine does meanwhile.
+    # Size by size, the reducers' calls interleaved (time_interleaved).
     for shapes in workloads:
+        prepared = []
         for name, option in options.items():
             try:
-                rows.append(measure(name, placement, shapes, option, variables,
-                                    repeats, warmup, machine))
+                prepared.append(prepare(name, placement, shapes, option, variables, machine))
             except reducers.ReducerError:
                 raise  # OneLineCommand names the flags
-            click.echo(f"measured {name} on {rows[-1]['tensor_bytes'] / 1e6:.2f} MB", err=True)
+        nbytes = 4 * sum(int(np.prod(shape)) for shape in shapes)
+        click.echo(f"timing {', '.join(options)} on {nbytes / 1e6:.2f} MB, "
+                   f"{repeats} rounds", err=True)
+        times = time_interleaved([p.function for p in prepared], repeats, warmup)
+        rows.extend(measure(p, placement, options[p.name], variables, t)
+                    for p, t in zip(prepared, times))
     order = list(options)
     rows.sort(key=lambda r: order.index(r["reducer"]))
     click.echo(f"{len(placement.towers)} towers on {', '.join(placement.devices)}, "
