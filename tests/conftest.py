@@ -19,6 +19,12 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # noqa: E402
+
+from engine.topology import process  # noqa: E402
+
+# As a Trainer does before TensorFlow starts: every CPU allocation reaches the
+# profiler, whatever the CPU (oneDNN or not), so memory figures are exact.
+process.record_cpu_allocations()
 import tensorflow as tf  # noqa: E402
 
 LOGICAL_CPUS = 8
@@ -66,7 +72,9 @@ def mnist_dir(digits, tmp_path_factory):
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Runs one of the installed commands, e.g. run_cli("tower-train", ...)."""
     command = [os.path.join(BIN, args[0]), *args[1:]]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    # The commands choose these themselves (quiet start-up, the CPU allocator).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPU_ALLOCATOR_USE_BFC")}
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
     )

@@ -375,11 +375,16 @@ def test_summary_has_the_step_analysis_memory_and_reasons(logs):
     assert ("1 op of tower 1 ran on /cpu:0, not /cpu:1: colocated with variable "
             "mlp/dense/kernel on /cpu:0 (a resource's ops run where it lives)") in out
     peaks = placement_report.memory(logs[2][1], "train")
-    # On CPUs only tensors of 256 KiB or more are recorded; tower 1 has one:
-    # the gradient of the first layer's kernel, 784 x 128 float32.
-    assert peaks["/cpu:1"]["peak_bytes"] == 784 * 128 * 4
-    assert peaks["/cpu:1"]["phases"] == {"backward": 784 * 128 * 4}
-    assert "tensors of 256 KiB or more" in out
+    # tower-train chose a CPU allocator that reports every allocation. Tower 1's
+    # largest tensor is the gradient of the first layer's kernel, 784 x 128
+    # float32, made in backward; the rest of its step (64 samples' activations,
+    # their gradients, the finiteness checks) is a fraction of it, and how much
+    # of it is alive at the peak depends on the executor's order.
+    kernel = 784 * 128 * 4
+    assert kernel < peaks["/cpu:1"]["peak_bytes"] < 2 * kernel
+    assert kernel < peaks["/cpu:1"]["phases"]["backward"] <= peaks["/cpu:1"]["peak_bytes"]
+    assert peaks["/cpu:1"]["allocators"] == ["bfc_cpu_allocator_for_gpu"]
+    assert "peak memory per device (tensors allocated during one train step):" in out
 
 
 def test_check_command_fails_over_a_budget_and_passes_under_it(logs):

@@ -267,19 +267,34 @@ def reason_lines(step_ops: Sequence[dict], towers: Sequence[str]) -> list[str]:
     return out
 
 
+# oneDNN's CPU allocator serves allocations under 256 KiB from a plain malloc
+# that reports nothing to the profiler (engine.placement.timeline).
+_PARTIAL_ALLOCATORS = ("mklcpu",)
+
+
 def memory_lines(entries: Sequence[dict], step: str) -> list[str]:
-    """Peak bytes per device and per phase, when the log has timings."""
-    records = memory(entries, step)
-    if not records:
+    """Peak bytes per device and per phase, when the log has timings; each
+    device that ran ops but reported no allocation is named, with why."""
+    if call(entries, step) is None:
         return []
+    records = memory(entries, step)
+    partial = any(set(r.get("allocators", ())) & set(_PARTIAL_ALLOCATORS)
+                  for r in records.values())
     small = (", on CPUs tensors of 256 KiB or more: oneDNN's allocator serves smaller "
-             "ones unrecorded" if any("cpu:" in d for d in records) else "")
+             "ones unrecorded" if partial else "")
     out = [f"  peak memory per device (tensors allocated during one {step} step{small}):"]
     for device, record in sorted(records.items()):
         phases = ", ".join(f"{phase} {record['phases'][phase]:,}"
                            for phase in PHASES if phase in record["phases"])
         out.append(f"    {device}: {record['peak_bytes']:,} bytes"
                    + (f" (by phase: {phases})" if phases else ""))
+    cpu_reported = any("cpu:" in device for device in records)
+    silent = sorted({s["device"] for s in slices(entries, step)} - records.keys())
+    for device in silent:
+        why = (": TensorFlow's default CPU allocator reports none to the profiler; "
+               "start TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=true (towers.Trainer "
+               "does) to see them all" if "cpu:" in device and not cpu_reported else "")
+        out.append(f"    {device}: no allocations recorded{why}")
     return out
 
 

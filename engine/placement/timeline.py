@@ -13,15 +13,16 @@ node names, and adds:
    "phase": str, "start_us": float, "dur_us": float, "thread": int}
       one execution of a node (a node in a loop runs several times).
   {"kind": "memory", "step": str, "device": str, "peak_bytes": int,
-   "phases": {phase: peak bytes}, "samples": [[time_us, bytes in use], ...]}
+   "phases": {phase: peak bytes}, "samples": [[time_us, bytes in use], ...],
+   "allocators": [name, ...]}
       bytes in use on the device by tensors allocated during the call, after
       each allocation and free; a phase's peak is the most in use when an op
       of that phase allocated. Tensors that outlive the call (variables,
       the iterators' buffers) were allocated before it and are not counted.
-      On CPUs with oneDNN (TensorFlow's default) allocations under 256 KiB
-      come from a plain malloc that the profiler does not see: the figures
-      are exact for tensors of 256 KiB or more and a lower bound otherwise.
-      GPU allocators record every allocation.
+      `allocators` are the allocators that reported them: BFC allocators
+      (every GPU's; the CPU's once engine.topology.process has chosen it)
+      report every allocation; oneDNN's CPU allocator (`mklcpu`) only those
+      of 256 KiB or more; TensorFlow's default CPU allocator none.
 
 On GPUs, slices are the kernels and copies on the GPU's streams (the host
 only launches them).
@@ -82,10 +83,12 @@ def memory(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
     peaks: dict[str, int] = collections.defaultdict(int)
     phases: dict[str, dict[str, int]] = collections.defaultdict(dict)
     samples: dict[str, list[list[float]]] = collections.defaultdict(list)
+    allocators: dict[str, set[str]] = collections.defaultdict(set)
     for allocation in profile.allocations:
         device = devices.get(allocation.op or "") or _gpu_of(allocation)
         if device is None:
             continue  # made before the call, or by no node of this function
+        allocators[device].add(allocation.allocator)
         in_use[device] += allocation.bytes
         now = in_use[device]
         samples[device].append([round(allocation.time_us - start, 3), now])
@@ -95,6 +98,7 @@ def memory(profile: Profile, step: str, devices: dict[str, str]) -> list[dict]:
             phases[device][phase] = max(phases[device].get(phase, 0), now)
     return [
         {"kind": "memory", "step": step, "device": device, "peak_bytes": peaks[device],
-         "phases": phases[device], "samples": samples[device]}
+         "phases": phases[device], "samples": samples[device],
+         "allocators": sorted(allocators[device])}
         for device in sorted(samples)
     ]
