@@ -13,7 +13,7 @@ PUBLIC = {
                     "Task", "Topology", "TopologyError", "builtin_topologies", "bus_factor",
                     "compare", "crossover", "dump", "fastest", "fit", "load", "predict",
                     "reducers_for", "towers_of", "trace_reduction"],
-    "engine.cost": ["check", "compare", "fit", "model", "schedule", "topology"],
+    "engine.cost": ["check", "compare", "fit", "model", "schedule", "timing", "topology"],
     "towers.placement": ["Analysis", "Budget", "analyse", "check", "load", "summary",
                          "write_trace"],
     "towers.data": ["DEFAULT_MNIST", "Shard", "Source", "directory", "mnist", "pipeline",

@@ -7,9 +7,10 @@
 * model.py: the predicted time of a schedule on a topology.
 * compare.py: reducers against each other (algbw, busbw, crossovers).
 * check.py: predictions against measurements.
+* timing.py: timing calls on a shared machine (interleaved rounds).
 
 The public API is towers.cost; `--reducer auto` (engine/reducers/auto.py)
 chooses by it.
 """
 
-__all__ = ["check", "compare", "fit", "model", "schedule", "topology"]
+__all__ = ["check", "compare", "fit", "model", "schedule", "timing", "topology"]

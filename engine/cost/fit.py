@@ -17,8 +17,9 @@ time (so that small transfers count as much as large ones):
   1, 2, ... others and back, less what the figures above say their hops and
   ops take.
 
-Every timing is the fastest of `repeats` calls, after warm-up calls (see
-`_best_times`); compare predictions with the fastest call of what they predict.
+Every timing is the fastest of `repeats` calls, after warm-up calls, the
+calls of one figure's functions interleaved (engine.cost.timing); compare
+predictions with the fastest call of what they predict.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from engine.cost import model, schedule
+from engine.cost import model, schedule, timing
 from engine.cost.topology import Device, Host, Link, Topology
 from engine.topology.devices import task_of
 
@@ -88,35 +89,17 @@ class Fit:
     seconds: float
 
 
-def _best_times(calls: Sequence[tuple[Callable, tuple]], repeats: int,
-                warmup: int) -> list[float]:
-    """The fastest of `repeats` timed calls of each (function, args), called
-    in a row after `warmup` calls: a buffer that fits in the caches stays
-    there, as it does in a loop of steps. The fastest, not the median: on a
-    shared machine the slow calls are other tenants' work, and how many there
-    are changes by the minute; the model predicts the machine's own cost."""
-    best = []
-    for function, args in calls:
-        for _ in range(warmup):
-            function(*args)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            function(*args)
-            times.append(time.perf_counter() - start)
-        best.append(min(times))
-    return best
-
-
-def _line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float, float]:
+def _line(sizes: Sequence[float], times: Sequence[float],
+          large_only: bool = True) -> tuple[float, float, float]:
     """(intercept, slope, median relative error) of times ~ a + b x size.
 
     The slope is the least-squares slope over the larger half of the sizes,
-    where it shows above the timing noise; the intercept the median of what
-    the slope leaves over all sizes. Both are at least 0.
+    where it shows above the timing noise (over all of them without
+    `large_only`: device counts 1..N are all as informative); the intercept
+    the median of what the slope leaves over all sizes. Both are at least 0.
     """
     x, y = np.asarray(sizes, float), np.asarray(times, float)
-    large = x >= np.median(x)
+    large = x >= np.median(x) if large_only else np.ones_like(x, bool)
     if large.sum() < 2:
         large = np.ones_like(x, bool)
     b = max(0.0, float(np.polyfit(x[large], y[large], 1)[0])) if len(set(x)) > 1 else 0.0
@@ -289,7 +272,7 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     sinks = _Sinks()
 
     def timed(*calls, repeats=repeats):
-        return _best_times(calls, repeats, warmup)
+        return timing.fastest([lambda f=f, a=a: f(*a) for f, a in calls], repeats, warmup)
 
     # Each device: the fixed time of an op, and seconds per byte of an add.
     measured: dict[str, Device] = {}
@@ -363,7 +346,8 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
         times = timed(*[(f, ()) for f in functions], repeats=10 * repeats)
         spent = [t - model.predict(schedule.from_graph(f.get_concrete_function().graph),
                                    partial).seconds for t, f in zip(times, functions)]
-        call, per_device, errors[f"call {host}"] = _line(range(1, len(members) + 1), spent)
+        call, per_device, errors[f"call {host}"] = _line(range(1, len(members) + 1), spent,
+                                                         large_only=False)
         fixed[host] = (call, per_device)
         say(f"call on {host}: {1e6 * call:.0f} us + {1e6 * per_device:.0f} us per device")
     topology = Topology(

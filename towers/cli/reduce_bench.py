@@ -22,12 +22,12 @@ import dataclasses
 import json
 import statistics
 import sys
-import time
 
 import click
 import numpy as np
 from click.core import ParameterSource
 
+from engine.cost import timing
 from towers.cli import cost_tables
 from towers.cli.common import (
     OneLineCommand,
@@ -83,25 +83,6 @@ def prepare(reducer_name, placement, shapes, options, variables, topology=None) 
         size = sum(int(np.prod(shape)) for shape in shapes)
         predicted = compare.predict_seconds(reducer, topology, devices, destinations, 4 * size)
     return Prepared(reducer_name, reducer, function, sent, shapes, destinations, predicted)
-
-
-def time_interleaved(functions, repeats: int, warmup: int) -> list[list[float]]:
-    """Seconds of `repeats` calls of each function, timed in rounds (one call
-    of each per round, the order rotating), so that every function meets the
-    same machine: on a shared host the same call can take twice as long a
-    minute later, and timing one function's calls after another's would
-    order them by the machine's mood."""
-    for _ in range(warmup):
-        for function in functions:
-            function()
-    times = [[] for _ in functions]
-    for round_ in range(repeats):
-        for k in range(len(functions)):
-            k = (k + round_) % len(functions)
-            start = time.perf_counter()
-            functions[k]()
-            times[k].append(time.perf_counter() - start)
-    return times
 
 
 def measure(prepared: Prepared, placement, options, variables, times: list[float]) -> dict:
@@ -441,7 +422,7 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
         total = 4 * sum(int(np.prod(shape)) for shape in workloads[0])
         click.echo(f"model {model}: {len(workloads[0])} gradients, {total / 1e6:.2f} MB "
                    "per tower, reduced in one call", err=True)
-    # Size by size, the reducers' calls interleaved (time_interleaved).
+    # Size by size, the reducers' calls interleaved (engine.cost.timing).
     for shapes in workloads:
         prepared = []
         for name, option in options.items():
@@ -452,7 +433,7 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
         nbytes = 4 * sum(int(np.prod(shape)) for shape in shapes)
         click.echo(f"timing {', '.join(options)} on {nbytes / 1e6:.2f} MB, "
                    f"{repeats} rounds", err=True)
-        times = time_interleaved([p.function for p in prepared], repeats, warmup)
+        times = timing.interleaved([p.function for p in prepared], repeats, warmup)
         rows.extend(measure(p, placement, options[p.name], variables, t)
                     for p, t in zip(prepared, times))
     order = list(options)
