@@ -158,6 +158,15 @@ def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
            "to the profiler; start TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=true "
            "(towers.Trainer does) to see them all")
     assert lines[1:] == [f"    /cpu:0: {why}", f"    /cpu:1: {why}"]
+    # A CPU device silent in one step of a log whose other step has CPU
+    # allocations made no new tensor there (found on a GPU run: eval's /cpu:0
+    # only reads variables); the allocator is not blamed.
+    eval_unreported = timed + [{**e, "step": "eval"} for e in timed
+                               if e["kind"] in ("call", "slice")]
+    assert report.memory(eval_unreported, "train")
+    assert report.memory_lines(eval_unreported, "eval")[1:] == [
+        "    /cpu:0: no allocations recorded: its ops made no new tensor",
+        "    /cpu:1: no allocations recorded: its ops made no new tensor"]
     # oneDNN's allocator reports tensors of 256 KiB or more: the header says so.
     partial = [{**e, "allocators": ["mklcpu"]} if e["kind"] == "memory" else e for e in timed]
     assert "on CPUs tensors of 256 KiB or more" in report.memory_lines(partial, "train")[0]

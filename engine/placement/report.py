@@ -288,12 +288,20 @@ def memory_lines(entries: Sequence[dict], step: str) -> list[str]:
                            for phase in PHASES if phase in record["phases"])
         out.append(f"    {device}: {record['peak_bytes']:,} bytes"
                    + (f" (by phase: {phases})" if phases else ""))
-    cpu_reported = any("cpu:" in device for device in records)
+    # A CPU allocation in any step of the log shows the allocator reports them:
+    # a CPU device silent in this step made no new tensor (on a GPU run, the
+    # CPU only reads the variables and sends them).
+    cpu_reported = any("cpu:" in device for other in STEPS for device in memory(entries, other))
     silent = sorted({s["device"] for s in slices(entries, step)} - records.keys())
     for device in silent:
-        why = (": TensorFlow's default CPU allocator reports none to the profiler; "
-               "start TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=true (towers.Trainer "
-               "does) to see them all" if "cpu:" in device and not cpu_reported else "")
+        if "cpu:" not in device:
+            why = ""
+        elif cpu_reported:
+            why = ": its ops made no new tensor"
+        else:
+            why = (": TensorFlow's default CPU allocator reports none to the profiler; "
+                   "start TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=true (towers.Trainer "
+                   "does) to see them all")
         out.append(f"    {device}: no allocations recorded{why}")
     return out
 
