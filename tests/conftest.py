@@ -91,7 +91,8 @@ def digit_iterators(digits, placement, steps: int, batch: int) -> list:
     labels = digits.train_labels[:count, None].astype(np.int32)
     iterators = []
     for k, tower in enumerate(placement.towers):
-        shard = tf.data.Dataset.from_tensor_slices((images[k::n], labels[k::n])).batch(batch)
+        shard = tf.data.Dataset.from_tensor_slices((images[k::n], labels[k::n]))
+        shard = shard.batch(batch, drop_remainder=True)
         with tf.device(tower.device):
             iterators.append(iter(shard))
     return iterators

@@ -1,5 +1,6 @@
 """--mixed-precision: bfloat16 and float16 towers, and float16's dynamic loss scale."""
 
+import io
 import json
 import re
 
@@ -9,12 +10,13 @@ import pytest
 import tensorflow as tf
 from conftest import digit_iterators, flag_message, run_cli
 
-from engine.core import precision
+from engine.core import loop, precision
 from engine.core.loss_scale import DynamicLossScale, next_scale
 from engine.core.step import TowerStep
 from engine.core.variables import ReduceDeviceVariables
 from engine.reducers import Central
 from engine.run.guard import NonFiniteError, NonFiniteGuard
+from engine.run.progress import EpochProgress
 from engine.topology.devices import DeviceRequest, Placement, Tower, resolve
 from towers import models
 
@@ -122,6 +124,22 @@ def test_an_overflowing_loss_scale_halves_and_skips_until_it_fits(digits, tmp_pa
     tf.train.Checkpoint(**fresh.trackables()).restore(path).assert_existing_objects_matched()
     assert float(fresh.loss_scale.scale.numpy()) == float(step.loss_scale.scale.numpy())
     assert int(fresh.loss_scale.overflows.numpy()) == sum(overflows)
+
+
+def test_an_epoch_of_only_overflows_shows_no_loss_and_counts_them(digits):
+    # Found on the H200 (ResNet-50, float16): the first epoch's 5 steps all
+    # overflowed and the line said "loss: 0.0000 - accuracy: 0.0000".
+    step = make_step("float16", lambda device: DynamicLossScale(device, initial=2.0**30))
+    iterators = tower_iterators(digits, step, steps=6)
+    stream = io.StringIO()
+    options = loop.LoopOptions(epochs=2, steps_per_epoch=3, eval_steps=0)
+    records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0))
+    # 2**30 needs at least 5 halvings to fit float16: both epochs only overflow.
+    assert [(r["steps"], r["loss"], r["accuracy"]) for r in records] == [(0, None, None)] * 2
+    assert [r["overflows"] for r in records] == [3, 6]
+    ends = [line for line in stream.getvalue().splitlines() if "3/3" in line and "ms/step" in line]
+    assert len(ends) == 2 and all("loss-scale overflows: 3" in line for line in ends), ends
+    assert not any("loss:" in line for line in ends), ends
 
 
 def test_a_non_finite_loss_still_stops_the_run():

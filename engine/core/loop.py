@@ -141,6 +141,7 @@ def run(
         first = done % per_epoch + 1
         if first == 1:
             step.reset_metrics()  # a resumed epoch keeps the sums it restored
+        overflows_before = _overflows(step)
         start = time.perf_counter()
         k = first
         while k <= per_epoch:
@@ -174,12 +175,16 @@ def run(
             eval_start = time.perf_counter()
             record.update(held_out.evaluate(step, options.eval_steps, call))
             record["eval_seconds"] = time.perf_counter() - eval_start
+        # Steps the loss scale skipped are named: an epoch of nothing but
+        # overflows has no loss to show (the scale is still coming down).
+        overflowed = _overflows(step) - overflows_before
         progress.end(
             per_epoch,
             seconds,
             {
                 **_train_values(record),
                 rate: record["images_per_sec"],
+                "loss-scale overflows": overflowed or None,
                 "eval_loss": record["eval_loss"],
                 "eval_accuracy": record["eval_accuracy"],
             },
@@ -204,6 +209,11 @@ def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: i
         return call("train", step.train, iterators), 1
     outputs = call("train", step.train_loop, iterators, tf.constant(count, tf.int32))
     return outputs, int(outputs["steps"].numpy())
+
+
+def _overflows(step: TowerStep) -> int:
+    """Steps skipped so far by the dynamic loss scale (0 without one)."""
+    return int(step.loss_scale.overflows.numpy()) if step.loss_scale.dynamic else 0
 
 
 def _train_values(source) -> dict[str, float]:

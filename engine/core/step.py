@@ -197,14 +197,19 @@ class TowerStep:
             var.assign(0.0)
         self.steps.assign(0)
 
-    def metrics(self) -> dict[str, float]:
-        """Epoch averages so far: loss as Keras reports it (mean of step losses)."""
+    def metrics(self) -> dict[str, float | None]:
+        """Epoch averages so far: loss as Keras reports it (mean of step losses).
+
+        Only updated steps count; with none yet (every step so far skipped or
+        an overflow of the loss scale) loss and accuracy are None, not 0.
+        """
         steps = int(self.steps.numpy())
-        samples = float(self.samples.numpy())
+        if not steps:
+            return {"steps": 0, "loss": None, "accuracy": None}
         return {
             "steps": steps,
-            "loss": float(self.loss_sum.numpy()) / max(steps, 1),
-            "accuracy": float(self.correct_sum.numpy()) / max(samples, 1.0),
+            "loss": float(self.loss_sum.numpy()) / steps,
+            "accuracy": float(self.correct_sum.numpy()) / float(self.samples.numpy()),
         }
 
     def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]) -> Reduced:

@@ -14,7 +14,9 @@ def format_metrics(values: dict[str, float]) -> str:
     for key, value in values.items():
         if value is None:
             continue
-        if key.endswith("/s"):  # images/s, sequences/s
+        if isinstance(value, int):  # counts
+            parts.append(f"{key}: {value:,}")
+        elif key.endswith("/s"):  # images/s, sequences/s
             parts.append(f"{key}: {value:.0f}")
         else:
             parts.append(f"{key}: {value:.4f}")

@@ -59,7 +59,8 @@ class Summaries:
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         with self.writer.as_default(step=step):
             for key in ("loss", "accuracy", "images_per_sec", "skipped"):
-                tf.summary.scalar(f"epoch/{key}", record[key])
+                if record[key] is not None:  # None: no step of the epoch updated
+                    tf.summary.scalar(f"epoch/{key}", record[key])
             if record.get("eval_loss") is not None:
                 tf.summary.scalar("eval/loss", record["eval_loss"])
                 tf.summary.scalar("eval/accuracy", record["eval_accuracy"])
