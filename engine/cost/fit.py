@@ -343,7 +343,7 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     fixed = {}
     for host, members in by_host.items():
         functions = [_gather_function(members[:k], sinks) for k in range(1, len(members) + 1)]
-        times = timed(*[(f, ()) for f in functions], repeats=10 * repeats)
+        times = timed(*[(f, ()) for f in functions])
         spent = [t - model.predict(schedule.from_graph(f.get_concrete_function().graph),
                                    partial).seconds for t, f in zip(times, functions)]
         call, per_device, errors[f"call {host}"] = _line(range(1, len(members) + 1), spent,
