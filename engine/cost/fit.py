@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import os
 import statistics
 import time
@@ -257,6 +258,18 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     Returns:
       A Fit.
     """
+    # Every figure traces functions of its own (one per size, by design):
+    # TensorFlow's retracing warning would only alarm the user.
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return _fit(devices, options, hosts, name, progress)
+    finally:
+        logger.setLevel(level)
+
+
+def _fit(devices, options, hosts, name, progress) -> Fit:
     say = progress or (lambda line: None)
     started = time.perf_counter()
     repeats, warmup = options.repeats, options.warmup
