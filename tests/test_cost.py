@@ -329,3 +329,27 @@ def test_the_readme_python_block_prints_the_dgx1_predictions(capsys):
         "tree         65536   0.646 ms busbw  0.18 GB/s",
         "tree      16777216   1.719 ms busbw 17.08 GB/s",
     ]
+
+
+def test_the_measured_bench_moves_each_reducers_ideal_bytes_and_auto_its_choices(tmp_path):
+    # Measured tables only come from the CLI: it configures the devices.
+    rows_path = tmp_path / "rows.json"
+    result = run_cli("tower-reduce-bench", "--devices", "cpu:4", "--sizes", "64K,4M",
+                     "--reducers", "central,ring,auto", "--repeats", "2", "--warmup", "1",
+                     "--json", str(rows_path))
+    assert result.returncode == 0, result.stderr
+    rows = {(r["reducer"], r["tensor_bytes"]): r for r in json.loads(rows_path.read_text())}
+    for size in (65536, 4 * MB):
+        # Replicated variables: central's three remote towers send and get
+        # back; a ring all-reduce moves 2(N-1) x S however it is routed.
+        assert rows[("central", size)]["ideal_bytes"] == 2 * 3 * size
+        assert rows[("ring", size)]["ideal_bytes"] == 2 * 3 * size
+        for name in ("central", "ring"):
+            row = rows[(name, size)]
+            assert row["bytes_moved"] == row["ideal_bytes"], row
+            assert row["algbw"] == pytest.approx(size / row["seconds"])
+            assert row["busbw"] == pytest.approx(row["algbw"] * 2 * 3 / 4)
+        auto = rows[("auto", size)]
+        assert auto["chose"] in ("central", "ring", "tree", "hierarchical", "collective")
+        assert auto["bytes_moved"] == auto["ideal_bytes"] == 2 * 3 * size, auto
+    assert "moved/ideal" in result.stdout

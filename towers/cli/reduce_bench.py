@@ -100,12 +100,15 @@ def measure(prepared: Prepared, placement, options, variables, times: list[float
     per_device = {}
     for t in prepared.sent:
         per_device[t["src"]] = per_device.get(t["src"], 0) + (t["bytes"] or 0)
+    # auto on one tensor is its choice: that reducer's ideal is auto's.
+    chose = (reducer.choose(size, tf.float32, devices, prepared.destinations)
+             if isinstance(reducer, Auto) and len(shapes) == 1 else None)
     info = {
         "parameter_bytes": 4 * size,
         "towers": list(devices),
         "reduce_device": placement.reduce_device,
         "variables": variables,
-        "reducer": prepared.name,
+        "reducer": chose or prepared.name,
         "compress": options.compress,
         "reduction_bytes": None if state is None else state.step_bytes(),
     }
@@ -121,8 +124,7 @@ def measure(prepared: Prepared, placement, options, variables, times: list[float
         "busbw": algbw * bus_factor(len(devices), variables == "replicated"),
         "predicted_seconds": prepared.predicted,
         "tensors": len(shapes),
-        "chose": (reducer.choose(size, tf.float32, devices, prepared.destinations)
-                  if isinstance(reducer, Auto) and len(shapes) == 1 else None),
+        "chose": chose,
         "bytes_moved": sum(per_device.values()),
         "ideal_bytes": placement_report.reduction_bytes(info),
         "busiest_device_bytes": max(per_device.values(), default=0),
