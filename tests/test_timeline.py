@@ -172,6 +172,31 @@ def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
     assert "on CPUs tensors of 256 KiB or more" in report.memory_lines(partial, "train")[0]
 
 
+def test_colocations_with_many_variables_are_one_line_and_few_are_named():
+    def op(tower, variable, assigned="/cpu:0"):
+        return {"tower": tower, "assigned": assigned, "requested": "/cpu:1",
+                "reason": f"colocated with variable {variable} on /cpu:0 (a resource's ops "
+                          "run where it lives)"}
+
+    # ResNet-50's tower 1 printed a line per batch-norm statistic (213 lines).
+    many = [op(1, f"bn{k}/moving_mean") for k in range(9) for _ in range(2)]
+    few = [op(2, "w"), op(2, "b")]
+    other = [{"tower": 1, "assigned": "/cpu:0", "requested": "/cpu:1",
+              "reason": "no /cpu:1 kernel for StringFormat"}]
+    lines = report.reason_lines(many + few + other, ["/cpu:0", "/cpu:1", "/cpu:2"])
+    assert lines == [
+        "  ops that ran elsewhere than asked (21):",
+        "    18 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with 9 variables on "
+        "/cpu:0 (bn0/moving_mean, bn1/moving_mean, bn2/moving_mean and 6 more; a "
+        "resource's ops run where it lives)",
+        "    1 op of tower 1 ran on /cpu:0, not /cpu:1: no /cpu:1 kernel for StringFormat",
+        "    1 op of tower 2 ran on /cpu:0, not /cpu:2: colocated with variable b on /cpu:0 "
+        "(a resource's ops run where it lives)",
+        "    1 op of tower 2 ran on /cpu:0, not /cpu:2: colocated with variable w on /cpu:0 "
+        "(a resource's ops run where it lives)",
+    ]
+
+
 def test_reasons_name_the_variable_an_op_was_colocated_with():
     step, _ = _two_towers(colocate=True)
     log = placement.PlacementLog(None, _info())

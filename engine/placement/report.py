@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from collections.abc import Iterable, Sequence
 
 from engine.core.scopes import PHASES
@@ -247,6 +248,42 @@ def wanted_device(owner, requested: str | None, towers: Sequence[str]) -> str | 
     return requested
 
 
+_COLOCATED = re.compile(r"^colocated with variable (\S+) on (\S+) \((.*)\)$")
+# Up to _SEPARATE variables get a line each; past that, one line names
+# _NAMED of them (the log keeps every op's reason).
+_SEPARATE, _NAMED = 8, 3
+
+
+def _colocations_merged(groups: collections.Counter) -> collections.Counter:
+    """Groups that differ only in the variable they were colocated with, as
+    one line when there are more than a few (ResNet-50's tower 1: 106
+    batch-norm statistics on the reduce device)."""
+    variables: dict[tuple, list[str]] = collections.defaultdict(list)
+    counts: collections.Counter = collections.Counter()
+    merged: collections.Counter = collections.Counter()
+    for (owner, assigned, requested, reason), count in groups.items():
+        match = _COLOCATED.match(reason)
+        if match:
+            key = (owner, assigned, requested, match.group(2), match.group(3))
+            variables[key].append(match.group(1))
+            counts[key] += count
+        else:
+            merged[(owner, assigned, requested, reason)] += count
+    for key, names in variables.items():
+        owner, assigned, requested, where, why = key
+        if len(names) <= _SEPARATE:
+            for name in names:
+                reason = f"colocated with variable {name} on {where} ({why})"
+                merged[(owner, assigned, requested, reason)] = groups[
+                    (owner, assigned, requested, reason)]
+            continue
+        names = sorted(names)
+        listed = ", ".join(names[:_NAMED]) + f" and {len(names) - _NAMED} more"
+        reason = f"colocated with {len(names)} variables on {where} ({listed}; {why})"
+        merged[(owner, assigned, requested, reason)] = counts[key]
+    return merged
+
+
 def reason_lines(step_ops: Sequence[dict], towers: Sequence[str]) -> list[str]:
     """Ops that ran elsewhere than asked, grouped by who, where and why:
     `12 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with ...`."""
@@ -259,7 +296,7 @@ def reason_lines(step_ops: Sequence[dict], towers: Sequence[str]) -> list[str]:
         return []
     out = [f"  ops that ran elsewhere than asked ({sum(groups.values())}):"]
     for (owner, assigned, requested, reason), count in sorted(
-        groups.items(), key=lambda kv: (-kv[1], kv[0])
+        _colocations_merged(groups).items(), key=lambda kv: (-kv[1], kv[0])
     ):
         wanted = f", not {requested}" if requested else ""
         ops_word = "op" if count == 1 else "ops"
