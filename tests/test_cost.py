@@ -350,6 +350,8 @@ def test_the_measured_bench_moves_each_reducers_ideal_bytes_and_auto_its_choices
             assert row["algbw"] == pytest.approx(size / row["seconds"])
             assert row["busbw"] == pytest.approx(row["algbw"] * 2 * 3 / 4)
         auto = rows[("auto", size)]
-        assert auto["chose"] in ("central", "ring", "tree", "hierarchical", "collective")
+        # Any of auto's candidates moves 6 x S here: the check is that auto
+        # has its choice's figure at all (it had none).
+        assert auto["chose"] in ("central", "ring", "tree", "hierarchical")
         assert auto["bytes_moved"] == auto["ideal_bytes"] == 2 * 3 * size, auto
     assert "moved/ideal" in result.stdout

@@ -167,9 +167,16 @@ def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
     assert report.memory_lines(eval_unreported, "eval")[1:] == [
         "    /cpu:0: no allocations recorded: its ops made no new tensor",
         "    /cpu:1: no allocations recorded: its ops made no new tensor"]
-    # oneDNN's allocator reports tensors of 256 KiB or more: the header says so.
+    # oneDNN's allocator reports tensors of 256 KiB or more: the header says
+    # so, also of a step where it recorded none (then none was that large).
     partial = [{**e, "allocators": ["mklcpu"]} if e["kind"] == "memory" else e for e in timed]
     assert "on CPUs tensors of 256 KiB or more" in report.memory_lines(partial, "train")[0]
+    partial_eval = partial + [{**e, "step": "eval"} for e in timed
+                              if e["kind"] in ("call", "slice")]
+    lines = report.memory_lines(partial_eval, "eval")
+    assert "on CPUs tensors of 256 KiB or more" in lines[0]
+    assert lines[1:] == ["    /cpu:0: no allocations recorded: none of 256 KiB or more",
+                         "    /cpu:1: no allocations recorded: none of 256 KiB or more"]
 
 
 def test_colocations_with_many_variables_are_one_line_and_few_are_named():
@@ -179,16 +186,19 @@ def test_colocations_with_many_variables_are_one_line_and_few_are_named():
                           "run where it lives)"}
 
     # ResNet-50's tower 1 printed a line per batch-norm statistic (213 lines).
-    many = [op(1, f"bn{k}/moving_mean") for k in range(9) for _ in range(2)]
+    # Nine variables make one line (eight would be eight), the one with the
+    # most ops named first.
+    many = [op(1, f"bn{k}/moving_mean") for k in range(9) for _ in range(2)] + [op(1, "bn8/x")]
+    assert len(report.reason_lines(many[:16], ["/cpu:0", "/cpu:1"])) == 1 + 8
     few = [op(2, "w"), op(2, "b")]
     other = [{"tower": 1, "assigned": "/cpu:0", "requested": "/cpu:1",
               "reason": "no /cpu:1 kernel for StringFormat"}]
     lines = report.reason_lines(many + few + other, ["/cpu:0", "/cpu:1", "/cpu:2"])
     assert lines == [
-        "  ops that ran elsewhere than asked (21):",
-        "    18 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with 9 variables on "
-        "/cpu:0 (bn0/moving_mean, bn1/moving_mean, bn2/moving_mean and 6 more; a "
-        "resource's ops run where it lives)",
+        "  ops that ran elsewhere than asked (22):",
+        "    19 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with 10 variables on "
+        "/cpu:0 (bn0/moving_mean, bn1/moving_mean, bn2/moving_mean and 7 more, each named "
+        "in the placement log; a resource's ops run where it lives)",
         "    1 op of tower 1 ran on /cpu:0, not /cpu:1: no /cpu:1 kernel for StringFormat",
         "    1 op of tower 2 ran on /cpu:0, not /cpu:2: colocated with variable b on /cpu:0 "
         "(a resource's ops run where it lives)",

@@ -252,7 +252,9 @@ class Trainer:
 
         Returns:
           One record per epoch trained here: loss, accuracy, eval_loss,
-          eval_accuracy, images_per_sec, ...
+          eval_accuracy, images_per_sec, ... (loss and accuracy None for an
+          epoch none of whose steps updated: all skipped or loss-scale
+          overflows).
 
         Raises:
           UsageError: a bad argument, naming it; nothing has been written.

@@ -141,7 +141,7 @@ def run(
         first = done % per_epoch + 1
         if first == 1:
             step.reset_metrics()  # a resumed epoch keeps the sums it restored
-        overflows_before = _overflows(step)
+        skipped_before = int(step.skipped.numpy())
         start = time.perf_counter()
         k = first
         while k <= per_epoch:
@@ -175,15 +175,18 @@ def run(
             eval_start = time.perf_counter()
             record.update(held_out.evaluate(step, options.eval_steps, call))
             record["eval_seconds"] = time.perf_counter() - eval_start
-        # Steps the loss scale skipped are named: an epoch of nothing but
-        # overflows has no loss to show (the scale is still coming down).
-        overflowed = _overflows(step) - overflows_before
+        # The epoch's steps that did not update are named: an epoch of only
+        # those has no loss to show. `steps` (updated) is exact across a
+        # resume; a step skipped before it is counted as an overflow.
+        skipped, overflowed = _not_updated(step, per_epoch - record["steps"],
+                                           int(step.skipped.numpy()) - skipped_before)
         progress.end(
             per_epoch,
             seconds,
             {
                 **_train_values(record),
                 rate: record["images_per_sec"],
+                "skipped": skipped or None,
                 "loss-scale overflows": overflowed or None,
                 "eval_loss": record["eval_loss"],
                 "eval_accuracy": record["eval_accuracy"],
@@ -211,9 +214,12 @@ def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: i
     return outputs, int(outputs["steps"].numpy())
 
 
-def _overflows(step: TowerStep) -> int:
-    """Steps skipped so far by the dynamic loss scale (0 without one)."""
-    return int(step.loss_scale.overflows.numpy()) if step.loss_scale.dynamic else 0
+def _not_updated(step: TowerStep, not_updated: int, skipped: int) -> tuple[int, int]:
+    """(skipped, loss-scale overflows) of an epoch's `not_updated` steps, of
+    which this process saw `skipped` skipped; the rest were overflows."""
+    if not step.loss_scale.dynamic:
+        return not_updated, 0
+    return min(skipped, not_updated), max(0, not_updated - skipped)
 
 
 def _train_values(source) -> dict[str, float]:

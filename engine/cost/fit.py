@@ -261,12 +261,15 @@ def fit(devices: Sequence[str], options: FitOptions = FitOptions(), *,
     # Every figure traces functions of its own (one per size, by design):
     # TensorFlow's retracing warning would only alarm the user.
     logger = tf.get_logger()
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    logger.addFilter(_no_retracing)
     try:
         return _fit(devices, options, hosts, name, progress)
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(_no_retracing)
+
+
+def _no_retracing(record: logging.LogRecord) -> bool:
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 def _fit(devices, options, hosts, name, progress) -> Fit:

@@ -250,7 +250,7 @@ def wanted_device(owner, requested: str | None, towers: Sequence[str]) -> str | 
 
 _COLOCATED = re.compile(r"^colocated with variable (\S+) on (\S+) \((.*)\)$")
 # Up to _SEPARATE variables get a line each; past that, one line names
-# _NAMED of them (the log keeps every op's reason).
+# _NAMED of them (the log keeps every op's reason: `tower-placement` reads it).
 _SEPARATE, _NAMED = 8, 3
 
 
@@ -258,29 +258,28 @@ def _colocations_merged(groups: collections.Counter) -> collections.Counter:
     """Groups that differ only in the variable they were colocated with, as
     one line when there are more than a few (ResNet-50's tower 1: 106
     batch-norm statistics on the reduce device)."""
-    variables: dict[tuple, list[str]] = collections.defaultdict(list)
-    counts: collections.Counter = collections.Counter()
+    variables: dict[tuple, dict[str, int]] = collections.defaultdict(dict)
     merged: collections.Counter = collections.Counter()
     for (owner, assigned, requested, reason), count in groups.items():
         match = _COLOCATED.match(reason)
         if match:
             key = (owner, assigned, requested, match.group(2), match.group(3))
-            variables[key].append(match.group(1))
-            counts[key] += count
+            variables[key][match.group(1)] = count
         else:
             merged[(owner, assigned, requested, reason)] += count
     for key, names in variables.items():
         owner, assigned, requested, where, why = key
         if len(names) <= _SEPARATE:
-            for name in names:
+            for name, count in names.items():
                 reason = f"colocated with variable {name} on {where} ({why})"
-                merged[(owner, assigned, requested, reason)] = groups[
-                    (owner, assigned, requested, reason)]
+                merged[(owner, assigned, requested, reason)] = count
             continue
-        names = sorted(names)
-        listed = ", ".join(names[:_NAMED]) + f" and {len(names) - _NAMED} more"
-        reason = f"colocated with {len(names)} variables on {where} ({listed}; {why})"
-        merged[(owner, assigned, requested, reason)] = counts[key]
+        # The variables with the most ops on the wrong device first.
+        ranked = sorted(names, key=lambda name: (-names[name], name))
+        listed = ", ".join(ranked[:_NAMED]) + f" and {len(ranked) - _NAMED} more"
+        reason = (f"colocated with {len(ranked)} variables on {where} ({listed}, each "
+                  f"named in the placement log; {why})")
+        merged[(owner, assigned, requested, reason)] = sum(names.values())
     return merged
 
 
@@ -315,8 +314,8 @@ def memory_lines(entries: Sequence[dict], step: str) -> list[str]:
     if call(entries, step) is None:
         return []
     records = memory(entries, step)
-    partial = any(set(r.get("allocators", ())) & set(_PARTIAL_ALLOCATORS)
-                  for r in records.values())
+    logged = [r for other in STEPS for r in memory(entries, other).values()]
+    partial = any(set(r.get("allocators", ())) & set(_PARTIAL_ALLOCATORS) for r in logged)
     small = (", on CPUs tensors of 256 KiB or more: oneDNN's allocator serves smaller "
              "ones unrecorded" if partial else "")
     out = [f"  peak memory per device (tensors allocated during one {step} step{small}):"]
@@ -328,11 +327,13 @@ def memory_lines(entries: Sequence[dict], step: str) -> list[str]:
     # A CPU allocation in any step of the log shows the allocator reports them:
     # a CPU device silent in this step made no new tensor (on a GPU run, the
     # CPU only reads the variables and sends them).
-    cpu_reported = any("cpu:" in device for other in STEPS for device in memory(entries, other))
+    cpu_reported = any("cpu:" in r["device"] for r in logged)
     silent = sorted({s["device"] for s in slices(entries, step)} - records.keys())
     for device in silent:
         if "cpu:" not in device:
             why = ""
+        elif partial:
+            why = ": none of 256 KiB or more"
         elif cpu_reported:
             why = ": its ops made no new tensor"
         else:

@@ -2,8 +2,9 @@
 
 Every step: `train/loss`, `train/accuracy` and `train/step_seconds` (wall
 time between steps, all towers together); with `--steps-per-loop K`, every
-K steps: the loop's last step, and its mean step time. Every epoch: `epoch/loss`,
-`epoch/accuracy`, `epoch/images_per_sec`, `epoch/skipped` and, with
+K steps: the loop's last step, and its mean step time. Every epoch: `epoch/loss`
+and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
+`epoch/skipped` and, with
 evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
 in the step itself (a timestamp op is stateful, and tf.function would order
 the towers' timestamps one after another, serialising the towers); the
