@@ -181,6 +181,8 @@ def test_skip_nonfinite_skips_and_counts(tmp_path, per_loop):
     (record,) = [json.loads(l) for l in metrics.read_text().splitlines()]
     assert (record["steps"], record["skipped"]) == (5, 3)
     assert np.isfinite(record["loss"])
+    (end,) = [l for l in result.stdout.splitlines() if l.startswith("8/8 ") and "ms/step" in l]
+    assert " - skipped: 3" in end and "overflows" not in end, end
 
 
 def test_deterministic_runs_give_identical_losses_and_weights(mnist_dir, tmp_path):
