@@ -111,7 +111,7 @@ def reason(facts: GraphFacts, name: str, assigned: str) -> str:
       assigned: the device it ran on (short name).
     """
     variable = facts.resource_of(name)
-    if variable:
+    if variable:  # engine.placement.report parses this one (_COLOCATED)
         return f"colocated with variable {variable} on {assigned} (a resource's ops run where it lives)"
     target = facts.colocated_with(name)
     if target:

@@ -248,6 +248,8 @@ def wanted_device(owner, requested: str | None, towers: Sequence[str]) -> str | 
     return requested
 
 
+# What engine.placement.reasons.reason says of an op colocated with a
+# variable (parsed here: reading a log needs no TensorFlow).
 _COLOCATED = re.compile(r"^colocated with variable (\S+) on (\S+) \((.*)\)$")
 # Up to _SEPARATE variables get a line each; past that, one line names
 # _NAMED of them (the log keeps every op's reason: `tower-placement` reads it).
@@ -256,30 +258,29 @@ _SEPARATE, _NAMED = 8, 3
 
 def _colocations_merged(groups: collections.Counter) -> collections.Counter:
     """Groups that differ only in the variable they were colocated with, as
-    one line when there are more than a few (ResNet-50's tower 1: 106
-    batch-norm statistics on the reduce device)."""
-    variables: dict[tuple, dict[str, int]] = collections.defaultdict(dict)
+    one line when there are more than a few (ResNet-50's tower 1 reads all
+    320 of its variables on the reduce device)."""
+    variables: dict[tuple, dict[str, tuple[int, str]]] = collections.defaultdict(dict)
     merged: collections.Counter = collections.Counter()
     for (owner, assigned, requested, reason), count in groups.items():
         match = _COLOCATED.match(reason)
         if match:
             key = (owner, assigned, requested, match.group(2), match.group(3))
-            variables[key][match.group(1)] = count
+            variables[key][match.group(1)] = (count, reason)
         else:
             merged[(owner, assigned, requested, reason)] += count
     for key, names in variables.items():
         owner, assigned, requested, where, why = key
         if len(names) <= _SEPARATE:
-            for name, count in names.items():
-                reason = f"colocated with variable {name} on {where} ({why})"
+            for count, reason in names.values():
                 merged[(owner, assigned, requested, reason)] = count
             continue
         # The variables with the most ops on the wrong device first.
-        ranked = sorted(names, key=lambda name: (-names[name], name))
+        ranked = sorted(names, key=lambda name: (-names[name][0], name))
         listed = ", ".join(ranked[:_NAMED]) + f" and {len(ranked) - _NAMED} more"
         reason = (f"colocated with {len(ranked)} variables on {where} ({listed}, each "
                   f"named in the placement log; {why})")
-        merged[(owner, assigned, requested, reason)] = sum(names.values())
+        merged[(owner, assigned, requested, reason)] = sum(c for c, _ in names.values())
     return merged
 
 
