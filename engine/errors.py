@@ -54,8 +54,10 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
 
     Args:
       message: text with `<name>` and `<name=value>` markers.
-      flags: argument name -> flag (`{"learning_rate": "--lr"}`); None renders
-        Python terms. Names missing from `flags` stay in Python terms.
+      flags: argument name -> flag (`{"learning_rate": "--lr"}`), and
+        `name=value` -> a flag that says both (`{"xla=False": "--no-xla"}`);
+        None renders Python terms. Names missing from `flags` stay in
+        Python terms.
 
     Returns:
       The message with every marker replaced.
@@ -65,7 +67,10 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
         name, value = match.group(1), match.group(2)
         if name not in ARGUMENTS:
             return match.group(0)
-        flag = (flags or {}).get(name)
+        flags_ = flags or {}
+        if value is not None and f"{name}={value}" in flags_:
+            return flags_[f"{name}={value}"]  # a flag of its own: `xla=False` is --no-xla
+        flag = flags_.get(name)
         if flag is None:
             return name if value is None else f"{name}={_python_value(value)}"
         if value is None or value == "True":

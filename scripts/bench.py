@@ -53,6 +53,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 
 def worker(config: dict) -> dict:
@@ -61,34 +62,48 @@ def worker(config: dict) -> dict:
     import tensorflow as tf
 
     devices = max(config["n"], 1)
-    if config.get("gpu"):
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
-        if len(gpus) < devices:
-            # One GPU carries N towers as N logical GPUs (tower-train --devices gpu:N).
-            from engine.topology.splits import split_gpu
-
-            split_gpu(devices, 8192)
-        else:
-            for gpu in gpus:
-                tf.config.experimental.set_memory_growth(gpu, True)
-    else:
-        tf.config.set_logical_device_configuration(
-            tf.config.list_physical_devices("CPU")[0],
-            [tf.config.LogicalDeviceConfiguration()] * devices,
-        )
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * devices,
+    )
     kind = config["kind"]
     run = {"mirrored": run_mirrored, "keras-1dev": run_keras}.get(kind, run_engine)
     times = run(config)
+    return measured(config, times)
+
+
+def measured(config: dict, times: list[float]) -> dict:
+    """The run's configuration with its step time and samples/s (and tokens/s
+    for text) from the seconds of its timed blocks."""
     per_step = statistics.median(times) / config["steps"]
     batch = config["batch"] * config["n"]
-    return {
+    row = {
         **config,
+        "times": times,
         "step_ms": 1000 * per_step,
         "images_per_sec": batch / per_step,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if config.get("seq_len"):
+        row["tokens_per_sec"] = row["images_per_sec"] * config["seq_len"]
+    return row
+
+
+def device_worker(config: dict) -> dict:
+    """One run of the one-device table (scripts/bench_gpu.py)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import bench_gpu
+
+    if config.get("gpu"):
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
+    if bench_gpu.workload(config)["text"]:
+        config["seq_len"] = bench_gpu.workload(config)["shape"][0]
+    run = bench_gpu.run_keras if config["kind"] in bench_gpu.KERAS_KINDS else (
+        bench_gpu.run_trainer)
+    return measured(config, run(config))
 
 
 def tower_devices(config: dict, n: int) -> list[str]:
@@ -241,49 +256,12 @@ def run_engine(config: dict) -> list[float]:
         times.append(block(config["steps"]))
     if trace:
         tf.profiler.experimental.stop()
+        from bench_gpu import gpu_profile
+
         config["profile"] = gpu_profile(trace, times[-1], config["steps"])
     if config.get("pack_bytes") and n > 1:
         config["hidden_fraction"] = hidden_fraction(step, iterators)
     return times
-
-
-def gpu_profile(logdir: str, seconds: float, steps: int) -> dict:
-    """What the GPU did in a profiled block of `steps` steps: the time some
-    kernel or copy was running (the union of all streams' activity), the
-    kernels and copies per step, and the busy share of the wall time."""
-    import glob
-
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as stream:
-        space.ParseFromString(stream.read())
-    intervals, kernels, copies = [], 0, {}
-    for plane in space.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        for line in plane.lines:
-            for event in line.events:
-                begin = line.timestamp_ns + event.offset_ps / 1000
-                intervals.append((begin, begin + event.duration_ps / 1000))
-                name = names.get(event.metadata_id, "")
-                if "memcpy" in name.lower():
-                    kind = name.split()[0]
-                    copies[kind] = copies.get(kind, 0) + 1
-                else:
-                    kernels += 1
-    busy, end = 0.0, float("-inf")
-    for begin, finish in sorted(intervals):
-        if finish > end:
-            busy += finish - max(begin, end)
-            end = finish
-    return {"gpu_busy_ms_per_step": busy / 1e6 / steps,
-            "wall_ms_per_step": 1000 * seconds / steps,
-            "gpu_busy_share": busy / 1e9 / seconds,
-            "kernels_per_step": kernels / steps,
-            "copies_per_step": {k: v / steps for k, v in copies.items()}}
 
 
 class Timer:
@@ -367,12 +345,17 @@ def run_mirrored(config: dict) -> list[float]:
 
 def configurations(args) -> list[dict]:
     out = []
+    one_device = args.gpu or args.one_device
     for model in args.models.split(","):
-        for n in (int(x) for x in args.towers.split(",")):
+        towers = [1] if one_device else [int(x) for x in args.towers.split(",")]
+        for n in towers:
             for batch in (int(b) for b in str(args.batch).split(",")):
                 base = dict(model=model, n=n, batch=batch, steps=args.steps,
                             warmup=args.warmup, repeats=args.repeats, gpu=args.gpu)
-                for kind, extra in (gpu_kinds(args) if args.gpu else CPU_KINDS):
+                if one_device:
+                    base.update(precision=args.mixed_precision, classes=args.num_classes,
+                                one_device=True)
+                for kind, extra in (device_kinds(args) if one_device else CPU_KINDS):
                     out.append({**base, "kind": kind, **extra})
     return out
 
@@ -391,22 +374,16 @@ CPU_KINDS = [
 ]
 
 
-def gpu_kinds(args) -> list[tuple[str, dict]]:
-    """On GPUs: the recipe, the engine with the variables on the host and on
-    GPU 0, one step per call and --steps-per-loop K, and the input alone."""
+def device_kinds(args) -> list[tuple[str, dict]]:
+    """The one-device table (scripts/bench_gpu.py): the baselines, and the
+    engine through towers.Trainer with its defaults and each alternative."""
     k = args.steps_per_loop
-    loop = {"steps_per_loop": k}
-    return [
-        ("mirrored", {}),
-        ("engine-reduce-cpu", {"reduce_device": "/cpu:0"}),
-        ("engine-reduce-gpu", {"reduce_device": "/gpu:0"}),
-        (f"engine-reduce-cpu-loop{k}", {"reduce_device": "/cpu:0", **loop}),
-        (f"engine-reduce-gpu-loop{k}", {"reduce_device": "/gpu:0", **loop}),
-        (f"engine-replicated-loop{k}", {"variables": "replicated", **loop}),
-        (f"engine-xla-loop{k}", {"variables": "replicated", "xla": True, **loop}),
-        (f"engine-reduce-gpu-loop{k}-memory", {"reduce_device": "/gpu:0", **loop}),
-        ("engine-dali-only", {}),
-    ]
+    kinds = [(kind, {}) for kind in ("keras-jit", "keras", "mirrored", "engine-default")]
+    kinds += [(f"engine-loop{k}", {"steps_per_loop": k}), ("engine-noxla", {}),
+              ("engine-host", {})]
+    if args.jpeg_dir:
+        kinds.append(("engine-jpeg", {"jpeg_dir": os.path.abspath(args.jpeg_dir)}))
+    return kinds
 
 
 def dali_configurations(args) -> list[dict]:
@@ -543,24 +520,46 @@ def targets(rows) -> list[str]:
     return lines
 
 
-def gpu_targets(rows, per_loop: int) -> list[str]:
-    """Issue 15's targets on one GPU: the engine against the recipe (2x at
-    batch 64, 1.5x at 256), and variables on /gpu:0 no slower than on /cpu:0."""
+def device_targets(rows, per_loop: int) -> list[str]:
+    """Issue 29's targets on one GPU, each met or missed by how much."""
     lines = []
-    for model, batch in sorted({(r["model"], r["batch"]) for r in rows if r["n"] == 1}):
-        ref = find(rows, "mirrored", model, 1, batch)
-        engines = engines_of(rows, model, 1, batch)
-        if ref and engines:
-            best = max(engines, key=lambda r: r["images_per_sec"])
-            lines.append(check(f"{model} b{batch}: engine ({best['kind']}) / recipe",
-                               best["images_per_sec"] / ref["images_per_sec"],
-                               2.0 if batch <= 64 else 1.5))
-        for suffix in ("", f"-loop{per_loop}"):
-            gpu = find(rows, f"engine-reduce-gpu{suffix}", model, 1, batch)
-            cpu = find(rows, f"engine-reduce-cpu{suffix}", model, 1, batch)
-            if gpu and cpu:
-                lines.append(check(f"{model} b{batch}: --reduce-device /gpu:0 / /cpu:0{suffix}",
-                                   gpu["images_per_sec"] / cpu["images_per_sec"], 1.0))
+    for model, batch in sorted({(r["model"], r["batch"]) for r in rows}):
+        keras_jit = find(rows, "keras-jit", model, 1, batch)
+        recipe = find(rows, "mirrored", model, 1, batch)
+        default = find(rows, "engine-default", model, 1, batch)
+        engines = [r for r in engines_of(rows, model, 1, batch)
+                   if r["kind"] not in ("engine-host", "engine-jpeg")]
+        best = max(engines, key=lambda r: r["images_per_sec"]) if engines else None
+        rate = lambda r: r["images_per_sec"]  # noqa: E731
+        if model.startswith("resnet50") and keras_jit and default:
+            lines.append(check(f"{model} b{batch}: engine default / Keras jit_compile",
+                               rate(default) / rate(keras_jit), 1.0 if batch >= 256 else 0.95))
+        if model.startswith("resnet50") and keras_jit and best:
+            lines.append(check(f"{model} b{batch}: engine best ({best['kind']}) / Keras "
+                               "jit_compile", rate(best) / rate(keras_jit),
+                               1.15 if batch >= 256 else 1.05))
+        if model.startswith("resnet50") and batch >= 256 and recipe and best:
+            lines.append(check(f"{model} b{batch}: engine best / recipe",
+                               rate(best) / rate(recipe), 1.5))
+        if model.startswith("resnet50") and batch >= 256 and default and "profile" in default:
+            lines.append(check(f"{model} b{batch}: GPU busy share of the default step",
+                               default["profile"]["gpu_busy_share"], 0.9))
+        jpeg = find(rows, "engine-jpeg", model, 1, batch)
+        if jpeg and default:
+            lines.append(check(f"{model} b{batch}: JPEG decoded on the device / synthetic",
+                               rate(jpeg) / rate(default), 0.8))
+        if model.startswith("transformer") and keras_jit and default:
+            lines.append(check(f"{model} b{batch}: engine default tokens/s / Keras jit_compile",
+                               rate(default) / rate(keras_jit), 1.0))
+        if model in ("mlp", "lenet") and batch <= 64 and recipe and best:
+            lines.append(check(f"{model} b{batch}: engine best ({best['kind']}) / recipe",
+                               rate(best) / rate(recipe), 2.0))
+            if "profile" in best:
+                p = best["profile"]
+                host = p["wall_ms_per_step"] - p["gpu_busy_ms_per_step"]
+                lines.append(f"  {model} b{batch}: host time per step beyond the GPU's "
+                             f"{host:.2f} ms (target <= 0.5) "
+                             + ("met" if host <= 0.5 else f"MISSED by {host - 0.5:.2f}"))
     return lines
 
 
@@ -572,8 +571,21 @@ def main():
                         help="comma-separated runs to measure (default: all)")
     parser.add_argument("--batch", default="64", help="per device; several: 64,256")
     parser.add_argument("--gpu", action="store_true",
-                        help="towers on GPUs (logical GPUs of GPU 0 when there are fewer "
-                        "GPUs than towers); the runs of the GPU table")
+                        help="the one-device table on GPU 0: Keras fit with and without "
+                        "jit_compile, the recipe, and the engine's default and other modes "
+                        "(scripts/bench_gpu.py)")
+    parser.add_argument("--one-device", action="store_true",
+                        help="the --gpu table's runs on the CPU (to check the bench itself)")
+    parser.add_argument("--mixed-precision", default=None,
+                        choices=["auto", "float16", "bfloat16"],
+                        help="with --gpu: the compute dtype of every run")
+    parser.add_argument("--num-classes", type=int, default=1000,
+                        help="with --gpu: classes of the image models' data")
+    parser.add_argument("--jpeg-dir", default=None,
+                        help="with --gpu: also train on JPEG files decoded on the GPU: this "
+                        "file-list directory, written first (ImageNet-sized photos) if empty")
+    parser.add_argument("--jpeg-count", type=int, default=4096,
+                        help="how many JPEG files --jpeg-dir gets when it is written")
     parser.add_argument("--steps-per-loop", type=int, default=20,
                         help="K of the --gpu runs with --steps-per-loop")
     parser.add_argument("--trace", action="store_true",
@@ -589,9 +601,16 @@ def main():
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+        config = json.loads(args.worker)
+        print(json.dumps(device_worker(config) if config.get("one_device") else worker(config)))
         return
     os.makedirs(args.out, exist_ok=True)
+    if args.jpeg_dir and (args.gpu or args.one_device):
+        import bench_gpu
+
+        print(f"bench: JPEG files in {args.jpeg_dir} ({args.jpeg_count}, written if missing)",
+              file=sys.stderr, flush=True)
+        bench_gpu.make_jpegs(args.jpeg_dir, args.jpeg_count, args.num_classes)
     configs = dali_configurations(args) if args.dali_sweep else configurations(args)
     if args.kinds:
         wanted = args.kinds.split(",")
@@ -602,13 +621,14 @@ def main():
                 c["trace"] = os.path.abspath(os.path.join(args.out, "traces", c["kind"]
                                                           + f"-{c['model']}-b{c['batch']}"))
     rows = measure(configs)
-    reference = "engine-memory" if args.dali_sweep else "mirrored"
+    reference = ("engine-memory" if args.dali_sweep else
+                 "keras-jit" if args.gpu or args.one_device else "mirrored")
     lines = table(rows, reference)
     if args.trace:
         lines += ["", "profiles:", *profiles(rows)]
     if not args.dali_sweep:
-        lines += ["", "targets:", *(gpu_targets(rows, args.steps_per_loop) if args.gpu
-                                    else targets(rows))]
+        lines += ["", "targets:", *(device_targets(rows, args.steps_per_loop)
+                                    if args.gpu or args.one_device else targets(rows))]
     report = {"runs": rows}
     if args.startup:
         start = startup_seconds(args.startup)

@@ -158,7 +158,7 @@ def test_errors_name_python_arguments_and_the_cli_names_flags():
     assert str(err.value) == "learning_rate (0) must be positive"
     assert err.value.render(FLAGS) == "--lr (0) must be positive"
     with pytest.raises(towers.UsageError) as err:
-        towers.Trainer(["/cpu:0"], xla=True, data=towers.data.synthetic())
+        towers.Trainer(["/cpu:0", "/cpu:1"], xla=True, data=towers.data.synthetic())
     assert str(err.value).startswith("xla=True variables='reduce-device': an XLA cluster")
     assert str(err.value).endswith("add variables='replicated'")
     assert err.value.render(FLAGS).startswith("--xla --variables reduce-device: an XLA")

@@ -131,6 +131,11 @@ def test_a_gpu_tower_decodes_on_the_gpu_and_learns_the_digits(mnist_dir, tmp_pat
     assert result.returncode == 0, result.stderr
     assert "  tower 0  /gpu:0   shard 0/1 of caffe2" in result.stdout
     assert "decode on GPU (mixed)" in result.stdout
+    # The fastest setting for one GPU tower, each named with the flag that undoes it.
+    assert ("  chosen   variables on /gpu:0, the tower's own GPU: weights and gradients "
+            "never cross the host (--reduce-device /cpu:0 keeps them in host memory)"
+            in result.stdout)
+    assert "(--no-xla turns it off)" in result.stdout
     (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert record["eval_samples"] == 10_000 and record["eval_accuracy"] >= 0.93
 
@@ -157,13 +162,55 @@ def test_float16_and_xla_on_gpu_towers(mnist_dir, tmp_path, flags, compute):
         assert record["loss_scale"] >= 1.0 and record["skipped"] == 0
 
 
+# The copies between the host and a GPU tower that each setting's step makes,
+# by what they carry, and why they remain: (dtype, shape) -> count.
+HOST_COPIES = {
+    # The whole step is one XLA program on the tower's GPU: none.
+    "default": {},
+    # Without XLA, the variables on the GPU: the non-finite skip's tf.cond
+    # becomes a Switch whose predicate a GPU kernel takes in host memory.
+    "xla=False": {("bool", ()): 1},
+}
+
+
+@pytest.mark.parametrize("setting", list(HOST_COPIES))
+def test_a_gpu_towers_step_makes_no_host_copies_beyond_those_listed(tmp_path, setting):
+    """One GPU tower with float16 and loss scaling: the step's transfers
+    between the host and the GPU, counted from its partitioned graphs, are
+    exactly those listed for its setting (HOST_COPIES): metric sums, loop
+    counters, the loss scale and the non-finite flags stay on the GPU."""
+    import io
+
+    import towers
+
+    stream = io.StringIO()
+    trainer = towers.Trainer(["/gpu:0"], model="lenet", data=towers.data.synthetic(),
+                             mixed_precision=True, stream=stream,
+                             **({"xla": False} if setting == "xla=False" else {}))
+    log = tmp_path / "p.jsonl"
+    trainer.fit(epochs=1, steps_per_epoch=3, eval_steps=0, placement_log=str(log))
+    header = stream.getvalue()
+    assert "  chosen   variables on /gpu:0, the tower's own GPU" in header
+    if setting == "default":
+        assert "  chosen   XLA: the whole step (forward, backward, loss scale" in header
+    entries = placement_report.load(str(log))
+    copies = {}
+    for t in placement_report.transfers(entries, "train"):
+        if not t["control"] and "/cpu:" in t["src"] + t["dst"]:
+            key = (t["dtype"], tuple(t["shape"] or ()))
+            copies[key] = copies.get(key, 0) + 1
+    assert copies == HOST_COPIES[setting], [
+        (t["tensor"], t["src"], t["dst"], t["dtype"], t["shape"], t["reason"])
+        for t in placement_report.transfers(entries, "train")]
+
+
 def test_placement_log_of_gpu_towers(mnist_dir, tmp_path):
     """Each tower's forward and backward on its logical GPU, the variables on
-    the host, the bytes of the central reduction, and nothing stray."""
+    the host (asked for), the bytes of the central reduction, and nothing stray."""
     log = tmp_path / "p.jsonl"
     result = run_cli("tower-train", "--devices", "gpu:2", "--data", mnist_dir, "--epochs",
                      "1", "--steps-per-epoch", "3", "--eval-steps", "2",
-                     "--placement-log", str(log))
+                     "--reduce-device", "/cpu:0", "--placement-log", str(log))
     assert result.returncode == 0, result.stderr
     entries = placement_report.load(str(log))
     ops = placement_report.ops(entries, "train")

@@ -182,10 +182,18 @@ def test_mixed_cpu_and_gpu_towers_are_refused():
     assert flag_message(err.value) == (
         "--mixed-precision --devices /gpu:0,/cpu:0: CPU towers compute in bfloat16 and "
         "GPU towers in float16, but every tower runs the same model; use only GPU or "
-        "only CPU towers, or drop --mixed-precision"
+        "only CPU towers, name --mixed-precision bfloat16, or drop --mixed-precision"
     )
     assert precision.mixed_dtype(Placement((Tower(0, "/gpu:0", 1),), "/cpu:0")) == "float16"
     assert precision.mixed_dtype(Placement((Tower(0, "/cpu:1", 1),), "/cpu:0")) == "bfloat16"
+    # Named, bfloat16 suits both kinds; float16 only GPUs.
+    assert precision.mixed_dtype(Placement(towers, "/cpu:0"), "bfloat16") == "bfloat16"
+    with pytest.raises(ValueError) as err:
+        precision.mixed_dtype(Placement(towers, "/cpu:0"), "float16")
+    assert flag_message(err.value) == (
+        "--mixed-precision float16 --devices /gpu:0,/cpu:0: CPU towers have no fast "
+        "float16 arithmetic; use --mixed-precision bfloat16"
+    )
 
 
 def test_mixed_precision_run_through_the_cli(mnist_dir, tmp_path):

@@ -144,3 +144,64 @@ def test_xla_run_keeps_each_tower_on_its_device(mnist_dir, tmp_path):
             ("StatefulPartitionedCall", f"/cpu:{k}")
         }
     assert {o["assigned"] for o in train_ops if o["tower"] == "reduce"} == {"/cpu:0", "/cpu:1"}
+
+
+def one_tower_step(*, xla, compute_dtype="float32", loss_scale=None):
+    """One tower on /cpu:0 with its variables there too: the whole step compiles."""
+    from engine.core.variables import ReduceDeviceVariables
+
+    placement = resolve(DeviceRequest(("/cpu:0",)), VISIBLE)
+    keras.utils.set_random_seed(3)
+
+    def make_model():
+        with precision.policy(compute_dtype):
+            return models.mlp((28, 28, 1), 10, dropout=0.0)
+
+    variables = ReduceDeviceVariables(make_model, lambda: keras.optimizers.Adam(2e-3),
+                                      placement, xla=xla)
+    return TowerStep(variables=variables, placement=placement,
+                     reducer=Central(placement.reduce_device), loss_scale=loss_scale, xla=xla)
+
+
+def test_a_tower_on_its_variables_device_is_compiled_whole_and_trains_like_the_plain_step(
+        digits):
+    """Forward, backward, reduction, the non-finite skip, the update and the
+    metric sums as one XLA program: the same losses and weights as the plain
+    step to float rounding, and one compiled call in the runtime graph after
+    the input."""
+    steps, losses, models_ = 10, {}, {}
+    for xla in (False, True):
+        step = one_tower_step(xla=xla)
+        assert step.whole_step == xla
+        iterators = tower_iterators(digits, step, steps)
+        losses[xla] = [float(step.train(iterators)["loss"]) for _ in range(steps)]
+        models_[xla] = step
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+    for a, b in zip(models_[False].model.trainable_variables,
+                    models_[True].model.trainable_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
+    assert models_[True].metrics()["steps"] == steps
+    assert int(models_[True].global_step.numpy()) == steps
+
+    step = one_tower_step(xla=True)
+    iterators = tower_iterators(digits, step, steps=1)
+    _, metadata = placement.collect(step.train, iterators)
+    ops = [e for e in placement.records(metadata, "train", step.placement.devices)
+           if e["kind"] == "op"]
+    # No update op, no tf.cond, no metric sum runs outside the compiled program.
+    assert not [e for e in ops if "/update/" in e["name"] or e["op"] in ("Switch", "Merge")]
+    assert [e["op"] for e in ops if e["op"] == "StatefulPartitionedCall"] == [
+        "StatefulPartitionedCall"]
+
+
+def test_the_whole_step_program_skips_and_halves_on_a_loss_scale_overflow(digits):
+    """The dynamic loss scale inside the compiled step: overflowing steps are
+    skipped and halve the scale, as in the plain step."""
+    step = one_tower_step(xla=True, compute_dtype="float16",
+                          loss_scale=DynamicLossScale("/cpu:0", initial=2.0**30))
+    iterators = tower_iterators(digits, step, steps=20)
+    overflows = [bool(step.train(iterators)["overflow"]) for _ in range(20)]
+    k = overflows.index(False)
+    assert overflows[:k] == [True] * k and k >= 5
+    assert float(step.loss_scale.scale.numpy()) <= 2.0**30 / 2**k
+    assert int(step.steps.numpy()) == 20 - sum(overflows) > 0

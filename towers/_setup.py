@@ -18,6 +18,7 @@ class RunOptions(NamedTuple):
     data: object  # engine.data.DataOptions
     model: object  # engine.run.build.ModelOptions
     reducer: object  # engine.reducers.ReducerOptions
+    choices: tuple = ()  # engine.run.choices.Choice: what the run picked itself
 
 
 def cluster_options(spec: str | None, connect_timeout: float, request):
@@ -135,11 +136,14 @@ def load_topology(topology, reducer):
 def run_options(placement, info, source, model, model_fn, *, optimizer, learning_rate,
                 loss, batch_size, reducer, variables, group_size, pack_bytes, compress, topology,
                 mixed_precision, xla, seed, dali_threads, prefetch, image_size=None,
-                augment=None) -> RunOptions:
-    """The data, model and reducer options of a run on `placement`."""
+                augment=None, deterministic=False, reduce_device_given=True) -> RunOptions:
+    """The data, model and reducer options of a run on `placement`, and the
+    settings it picked where the arguments left them open (`xla=None`,
+    `dali_threads=None`, `reduce_device_given=False`)."""
     from engine import reducers
     from engine.core import precision
-    from engine.run import build
+    from engine.core import variables as variables_lib
+    from engine.run import build, choices
     from towers import models
 
     towers = len(placement.towers)
@@ -150,7 +154,22 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
             + ("byte sequences; add <format=text>" if info.format != "text" else
                "images; text feeds a sequence model such as <model=transformer>")
         )
-    compute_dtype = precision.mixed_dtype(placement) if mixed_precision else "float32"
+    compute_dtype = (precision.mixed_dtype(placement, mixed_precision) if mixed_precision
+                     else "float32")
+    picked = []
+    if not reduce_device_given:
+        picked.append(choices.reduce_device(placement))
+    if xla is None:
+        picked.append(choices.xla(placement, deterministic))
+        xla = picked[-1].value
+    elif xla:
+        variables_lib.check_xla(variables, placement)
+    if dali_threads is None:
+        picked.append(choices.dali_threads(placement))
+    threads = dali_threads or choices.dali_threads(placement).value
+    picked.append(choices.layout(placement, compute_dtype, info.format != "text"))
+    # The header names them where they differ from the CPU defaults of old.
+    picked = tuple(c for c in picked if c is not None) if choices.gpu_towers(placement) else ()
     note = ""
     if learning_rate is None and isinstance(optimizer, str) and optimizer in build.OPTIMIZERS:
         learning_rate, note = build.default_learning_rate(optimizer, batch_size * towers)
@@ -167,7 +186,7 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
         stored_shape=info.image_shape,
         augment=info.augment if augment is None else augment,
         seed=seed,
-        num_threads=dali_threads or data_lib.default_threads(towers),
+        num_threads=threads,
         prefetch=prefetch,
         pipeline=source.function,
     )
@@ -178,7 +197,7 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
     )
     return RunOptions(data_options, model_options,
                       reducers.ReducerOptions(reducer, group_size, pack_bytes, compress,
-                                              topology))
+                                              topology), picked)
 
 
 def image_shape(source, info, model_shape, image_size: int | None) -> tuple[int, int, int]:
@@ -253,6 +272,7 @@ def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_
         skip_nonfinite=skip_nonfinite,
         logdir=logdir,
         profile_steps=None if profile_steps is None else tuple(profile_steps),
+        choices=run.choices,
     )
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from engine import errors
 from engine.errors import UsageError
 from engine.topology import devices as devs
 from towers import data as sources
@@ -58,19 +59,26 @@ class Trainer:
         (README, "Your own reducer"); or a StatefulReducer object (README,
         "Reducers with state"), whose state is saved in checkpoints.
       variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
-      reduce_device: where variables live and gradients meet; default /cpu:0.
+      reduce_device: where variables live and gradients meet; default: the
+        first tower's GPU when every tower is a GPU, else /cpu:0.
       group_size, pack_bytes, compress: the reducer's options (README).
       topology: with `reducer="auto"`, the costs it chooses by: a topology
         file (`tower-reduce-bench --fit-links`), a built-in's name
         (`towers.cost.builtin_topologies()`) or a `towers.cost.Topology`;
         default: measured on the run's devices at start-up.
-      mixed_precision: bfloat16 on CPU towers, float16 with loss scaling on GPUs.
-      xla: compile each tower's forward and backward pass (needs replicated
-        variables).
+      mixed_precision: True for bfloat16 on CPU towers and float16 with loss
+        scaling on GPUs, or the dtype by name: `"float16"` (GPUs) or
+        `"bfloat16"` (GPUs and CPUs, no loss scaling).
+      xla: compile with XLA: one GPU tower whose variables live on it is
+        compiled whole (forward to update), other towers each their forward
+        and backward (with `variables="replicated"`). Default (None): on
+        exactly where the whole step compiles on a GPU.
       seed: model initialisation, dropout and DALI's shuffling.
       deterministic: TensorFlow op determinism (process-wide).
       gpu_memory: MiB per logical GPU with `devices="gpu:N"`.
-      dali_threads, prefetch: DALI threads and queue depth per tower pipeline.
+      dali_threads, prefetch: DALI threads and queue depth per tower pipeline;
+        default threads: half the host's cores over GPU towers, a quarter
+        over CPU towers.
       cluster: `"worker=h1:2222,h2:2222"` for remote towers; default
         TF_CONFIG's cluster, if set.
       connect_timeout, step_timeout: seconds, with a cluster.
@@ -106,8 +114,8 @@ class Trainer:
         pack_bytes: int = 0,
         compress: str | None = None,
         topology=None,
-        mixed_precision: bool = False,
-        xla: bool = False,
+        mixed_precision: bool | str = False,
+        xla: bool | None = None,
         seed: int = 0,
         deterministic: bool = False,
         gpu_memory: int | None = None,
@@ -170,7 +178,8 @@ class Trainer:
             group_size=group_size, pack_bytes=pack_bytes, compress=compress,
             topology=topology, mixed_precision=mixed_precision, xla=xla, seed=seed,
             dali_threads=dali_threads, prefetch=prefetch, image_size=image_size,
-            augment=augment,
+            augment=augment, deterministic=deterministic,
+            reduce_device_given=reduce_device is not None,
         )
         self.towers = None
         self.checkpoint_dir = None
@@ -182,6 +191,10 @@ class Trainer:
 
     def _say(self, message: str) -> None:
         print(message, file=self.stream, flush=True)
+
+    def _render(self, message: str) -> str:
+        """`message` with its argument markers in this caller's terms (Python's)."""
+        return errors.render(message)
 
     def warn(self, message: str) -> None:
         """Prints a one-line warning or error about the run, on stderr."""
@@ -284,7 +297,8 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self._build(options)
         return train_lib.train(
-            self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers
+            self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers,
+            render=self._render,
         )
 
     def evaluate(self, steps: int | None = None) -> dict[str, float]:

@@ -107,9 +107,14 @@ class TowerStep:
         and its state is part of `trackables`.
       loss_scale: engine.core.loss_scale.NoLossScale, or DynamicLossScale for
         float16 towers.
-      xla: compile each tower's forward and backward with XLA, one cluster
-        per tower on its device. The cluster reads the variables itself, so
-        they must be on the tower's device (replicated variables).
+      xla: compile with XLA. When the towers, the variables and the reduce
+        device are one device (one tower whose variables live on it), the
+        whole step after the input (forward, backward, reduction, loss
+        scale, the non-finite skip, the update and the metric sums) is one
+        compiled program, as Keras' `jit_compile` compiles its train step:
+        nothing in it waits on the host. Otherwise each tower's forward and
+        backward is one cluster on its device; the cluster reads the
+        variables itself, so they must be on the tower's device.
       loss: per-sample loss of (labels, outputs) (engine.core.losses);
         default: cross-entropy of softmax outputs.
       model_label, reducer_label: how messages name the model and the
@@ -141,10 +146,18 @@ class TowerStep:
         def forward_backward(model, images, labels, scale):
             return tower_gradients(model, images, labels, scale, loss, self.model_label)
 
+        # With the whole step compiled, the towers are part of that program.
+        self.whole_step = xla and placement.one_device
+        per_tower = xla and not self.whole_step
         # One compiled function; it is traced once per model copy it is given.
         self._tower_gradients = (
-            tf.function(forward_backward, jit_compile=True) if xla else forward_backward
+            tf.function(forward_backward, jit_compile=True) if per_tower else forward_backward
         )
+        self._update_on = self._update_on_batches
+        self._evaluate_on = self._evaluate_on_batches
+        if self.whole_step:
+            self._update_on = tf.function(self._update_on_batches, jit_compile=True)
+            self._evaluate_on = tf.function(self._evaluate_on_batches, jit_compile=True)
         with tf.device(placement.reduce_device):
             # Running sums for the epoch's averages, read once per progress line.
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -255,7 +268,10 @@ class TowerStep:
         loss or gradient is not finite, so a bad batch never reaches the
         variables. With a dynamic loss scale, a step whose gradients overflowed
         only because of the scale lowers it and is marked `overflow`."""
-        batches = self._next_batches(iterators)
+        return self._update_on(self._next_batches(iterators))
+
+    def _update_on_batches(self, batches):
+        """`_train` after the input: one compiled program with `whole_step`."""
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
@@ -323,7 +339,9 @@ class TowerStep:
         `valid[k]` is how many of tower k's samples are real; the rest are the
         padding DALI adds to the shard's last batch.
         """
-        batches = self._next_batches(iterators)
+        return self._evaluate_on(self._next_batches(iterators), valid)
+
+    def _evaluate_on_batches(self, batches, valid):
         sums = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):

@@ -192,6 +192,25 @@ class ReplicatedVariables:
         return worst
 
 
+def check_xla(mode: str, placement: Placement) -> None:
+    """Refuses XLA where a compiled tower would read variables on another device.
+
+    An XLA cluster reads the variables itself, and TensorFlow cannot read a
+    variable on another device from one ("Trying to access resource ...
+    located in device"): with `reduce-device` variables, only a tower on the
+    reduce device itself can be compiled.
+
+    Raises:
+      UsageError: naming both arguments and the fix.
+    """
+    if mode == "reduce-device" and not placement.one_device:
+        raise UsageError(
+            "<xla=True> <variables=reduce-device>: an XLA cluster reads the variables "
+            "on its tower's device, and TensorFlow cannot read variables on the "
+            "reduce device from a tower on another; add <variables=replicated>"
+        )
+
+
 def make(
     mode: str,
     make_model: Callable[[], keras.Model],
@@ -201,7 +220,9 @@ def make(
     xla: bool = False,
 ):
     """The variable mode called `mode` (one of MODES); with `xla`, its updates
-    are compiled by XLA."""
+    are compiled by XLA (`check_xla` says where that can be)."""
+    if xla:
+        check_xla(mode, placement)
     if mode == "reduce-device":
         return ReduceDeviceVariables(make_model, make_optimizer, placement, xla=xla)
     if mode == "replicated":

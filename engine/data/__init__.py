@@ -15,7 +15,6 @@ from engine.data.pipeline import (
     GpuUnavailableError,
     PipelineFunction,
     Shard,
-    default_threads,
     sample_shape,
     tower_dataset,
     tower_pipeline,
@@ -23,6 +22,6 @@ from engine.data.pipeline import (
 
 __all__ = [
     "FORMATS", "DataError", "DataOptions", "DatasetInfo", "GpuUnavailableError",
-    "PipelineFunction", "Shard", "class_folders", "default_threads", "eval_batches",
+    "PipelineFunction", "Shard", "class_folders", "eval_batches",
     "inspect", "sample_shape", "shard_range", "tower_dataset", "tower_pipeline", "valid_counts",
 ]

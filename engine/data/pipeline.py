@@ -21,7 +21,7 @@ from engine.topology.devices import Tower, task_of
 from engine.userfn import UserCodeError, calling, check_signature, label
 
 __all__ = ["DataOptions", "GpuUnavailableError", "PipelineFunction", "Shard",
-           "default_threads", "sample_shape", "tower_dataset", "tower_pipeline"]
+           "sample_shape", "tower_dataset", "tower_pipeline"]
 
 READER = "Reader"
 PIPELINE_CONTRACT = (
@@ -201,17 +201,6 @@ def sample_shape(options: DataOptions) -> tuple[int, ...]:
     return (options.seq_len,) if options.format == "text" else tuple(options.image_shape)
 
 
-def default_threads(num_towers: int) -> int:
-    """DALI worker threads per tower pipeline when --dali-threads is not given.
-
-    A CPU tower's DALI threads compete with its TensorFlow ops for the same
-    cores; a quarter of the cores per tower, at least one, lost least in
-    `scripts/bench.py --dali-sweep` on a 2-core host (1 thread: 0.76 of the
-    in-memory speed against 0.59 with 2, mlp on 2 towers).
-    """
-    return max(1, len(os.sched_getaffinity(0)) // (4 * num_towers))
-
-
 def builtin_pipeline(options: DataOptions, path: str | None, shard: Shard):
     """The pipeline of a built-in format for `shard`."""
     from nvidia.dali import fn, types
@@ -220,7 +209,7 @@ def builtin_pipeline(options: DataOptions, path: str | None, shard: Shard):
     gpu = shard.device_id
     with pipe:
         if options.format == "synthetic":
-            images, labels = _synthetic(options)
+            images, labels = _synthetic(options, gpu)
         elif options.format == "text":
             images, labels = _sequences(options, path, shard)
         else:
@@ -236,14 +225,18 @@ def builtin_pipeline(options: DataOptions, path: str | None, shard: Shard):
 SYNTHETIC_SEED = 20161210
 
 
-def _synthetic(options: DataOptions):
+def _synthetic(options: DataOptions, gpu: int | None):
     """Random labels, and images that show them: each class has a fixed
     pattern (the sine of a fixed random phase per pixel, at a frequency of
     label + 1), and every image is its class's pattern plus uniform noise.
     A model can learn them, so a falling loss on synthetic data shows that
     training works, with no files at any shape. With `synthetic_samples`,
     the labels are drawn from that many fixed ones and the images have no
-    noise: the data is that many fixed samples."""
+    noise: the data is that many fixed samples.
+
+    On a GPU tower (`gpu`), only the labels are drawn on the CPU; the
+    pattern, the sine and the noise are computed on the GPU, so that the
+    input costs the host nothing (as tf_cnn_benchmarks' synthetic input)."""
     import numpy as np
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, types
@@ -254,12 +247,16 @@ def _synthetic(options: DataOptions):
     values = list(range(options.num_classes))
     if options.synthetic_samples is not None:
         values = rng.integers(0, options.num_classes, options.synthetic_samples).tolist()
+    device = "cpu" if gpu is None else "gpu"
     labels = fn.random.uniform(values=values, dtype=types.INT32, shape=[1])
-    pattern = fn.constant(fdata=phase.astype(np.float32).ravel().tolist(), shape=shape)
+    pattern = fn.constant(fdata=phase.astype(np.float32).ravel().tolist(), shape=shape,
+                          device=device)
     frequency = fn.cast(fn.reshape(labels, shape=[]), dtype=types.FLOAT) + 1.0
+    if gpu is not None:
+        frequency = frequency.gpu()
     images = 0.5 + 0.25 * dmath.sin(pattern * frequency)
     if options.synthetic_samples is None:
-        images = images + fn.random.uniform(range=[-0.25, 0.25], shape=shape)
+        images = images + fn.random.uniform(range=[-0.25, 0.25], shape=shape, device=device)
     return images, labels
 
 

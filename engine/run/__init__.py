@@ -1,4 +1,5 @@
-"""A run's life around the loop: building the towers, training them, checkpoints,
-signals, the non-finite guard, summaries, progress and the watchdog."""
+"""A run's life around the loop: the settings it picks, building the towers,
+training them, checkpoints, signals, the non-finite guard, summaries, progress
+and the watchdog."""
 
-__all__ = ["build", "checkpoint", "describe", "guard", "progress", "signals", "summaries", "train", "watchdog", "watchers"]
+__all__ = ["build", "checkpoint", "choices", "describe", "guard", "progress", "signals", "summaries", "train", "watchdog", "watchers"]

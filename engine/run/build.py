@@ -74,7 +74,8 @@ class ModelOptions:
       compute_dtype: what the layers compute in: `float32`, or with mixed
         precision `bfloat16` (CPU towers) or `float16` (GPU towers, with
         dynamic loss scaling). Variables and the loss stay float32.
-      xla: compile each tower's forward and backward pass with XLA.
+      xla: compile with XLA (engine.core.step.TowerStep); the variables
+        must be on the towers' devices (engine.core.variables.check_xla).
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -110,12 +111,6 @@ class ModelOptions:
             raise UsageError(
                 f"<compute_dtype> {self.compute_dtype!r} is not one of "
                 f"{', '.join(precision.COMPUTE_DTYPES)}"
-            )
-        if self.xla and self.variables == "reduce-device":
-            raise UsageError(
-                "<xla=True> <variables=reduce-device>: an XLA cluster reads the variables "
-                "on its tower's device, and TensorFlow cannot read variables on the "
-                "reduce device from a tower on another; add <variables=replicated>"
             )
 
     @property

@@ -74,15 +74,16 @@ def describe(
             f"{model_options.optimizer_name} update, {lr}"
         )
     if model_options.compute_dtype != "float32" or model_options.xla:
-        lines.append(compute_line(model_options))
+        lines.append(compute_line(model_options, placement))
+    lines += [f"  chosen   {choice.reason}" for choice in options.choices]
     auto = auto_part(built_reducer)
     if auto is not None:
         lines.append(f"  auto     {auto.describe()}")
     return "\n".join(lines)
 
 
-def compute_line(model_options: ModelOptions) -> str:
-    """The header line for --mixed-precision and --xla: what the towers compute in."""
+def compute_line(model_options: ModelOptions, placement: Placement) -> str:
+    """The header line for mixed precision and XLA: what the towers compute in."""
     dtype = model_options.compute_dtype
     what = dtype
     if dtype != "float32":
@@ -92,7 +93,9 @@ def compute_line(model_options: ModelOptions) -> str:
             else "no loss scaling"
         )
         what = f"mixed {dtype} (variables and loss in float32), {scaling}"
-    if model_options.xla:
+    if model_options.xla and placement.one_device:
+        what += f", XLA: the whole step compiled as one program on {placement.reduce_device}"
+    elif model_options.xla:
         what += (", XLA: each tower's forward and backward, and each replica's update, "
                  "compiled on its device")
     return f"  compute  {what}"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 import tensorflow as tf
 
-from engine import data, reducers
+from engine import data, errors, reducers
 from engine.core import loop
 from engine.errors import UsageError
 from engine.placement import report as placement_report
@@ -86,6 +87,7 @@ class TrainOptions:
     skip_nonfinite: bool = False
     logdir: str | None = None
     profile_steps: tuple[int, int] | None = None
+    choices: tuple = ()  # engine.run.choices.Choice: settings the run picked itself
 
     def __post_init__(self):
         per_loop = self.loop.steps_per_loop
@@ -104,6 +106,7 @@ def train(
     stop: GracefulStop | None = None,
     watchdog: Watchdog | None = None,
     towers: Towers | None = None,
+    render: Callable[[str], str] = errors.render,
 ) -> list[dict]:
     """Builds the towers (unless given), restores a checkpoint if asked, and
     runs the loop until `options.loop.epochs` epochs are done in all.
@@ -117,6 +120,8 @@ def train(
       watchdog: with a cluster, every step, the building of the towers and
         every checkpoint save and restore run under its deadline.
       towers: towers built earlier (by `build`) to go on training.
+      render: renders the argument markers of the header's choices
+        (engine.errors.render: Python terms).
 
     Returns:
       One record per epoch run here.
@@ -134,8 +139,8 @@ def train(
             placement, options.data, options.model, options.reducer, info.val_size,
         )
     model = towers.step.model
-    print(describe(placement, options, model, info, towers.step.reducer), file=stream,
-          flush=True)
+    print(render(describe(placement, options, model, info, towers.step.reducer)),
+          file=stream, flush=True)
 
     def say(message: str) -> None:
         print(message, file=stream, flush=True)

@@ -49,7 +49,8 @@ class DeviceRequest:
       logical_cpus: split the host CPU into this many logical devices before
         TensorFlow initialises (`cpu:N`), or None to leave it whole.
       reduce_device: canonical name of the device that holds the variables and
-        averages the gradients, or None for the default (`/cpu:0`).
+        averages the gradients, or None for the default
+        (`default_reduce_device`).
       logical_gpus: split GPU 0 into this many logical GPUs before TensorFlow
         initialises (`gpu:N`), or None to leave it whole.
       gpu_memory_mb: the memory limit of each logical GPU of `gpu:N`.
@@ -99,6 +100,12 @@ class Placement:
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(t.device for t in self.towers)
+
+    @property
+    def one_device(self) -> bool:
+        """True when every tower is the reduce device (one tower, its
+        variables on its own device): a step never leaves that device."""
+        return set(self.devices) == {self.reduce_device}
 
     def shared_gpus(self) -> dict[int, list[str]]:
         """Physical GPUs that carry more than one tower: {CUDA ordinal: towers}.
@@ -252,7 +259,7 @@ def resolve(
             raise DeviceError(
                 f"<devices>: {what} does not exist; devices here: {here}{hint}"
             )
-    reduce_device = request.reduce_device or "/cpu:0"
+    reduce_device = request.reduce_device or default_reduce_device(names)
     if reduce_device not in visible:
         raise DeviceError(
             f"<reduce_device={reduce_device}> does not exist; devices here: {here}"
@@ -262,6 +269,16 @@ def resolve(
         Tower(i, name, len(names), physical.get(name)) for i, name in enumerate(names)
     )
     return Placement(towers=towers, reduce_device=reduce_device)
+
+
+def default_reduce_device(towers: tuple[str, ...]) -> str:
+    """Where the variables live unless the user says: on the first tower's
+    GPU when every tower is a GPU of this process (weights and gradients then
+    never cross the host, as tf_cnn_benchmarks' `--local_parameter_device=gpu`),
+    else in host memory, `/cpu:0`, which every tower reaches alike."""
+    if towers and all(name.startswith("/gpu:") for name in towers):
+        return towers[0]
+    return "/cpu:0"
 
 
 def default_cpu_towers() -> int:

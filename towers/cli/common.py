@@ -53,6 +53,8 @@ def flags_of(command: click.Command, **synonyms: str) -> dict[str, str]:
         for param in each.params:
             if isinstance(param, click.Option):
                 flags[param.name] = max(param.opts, key=len)
+                if param.is_bool_flag and param.secondary_opts:
+                    flags[f"{param.name}=False"] = param.secondary_opts[0]
     return {**flags, **synonyms}
 
 

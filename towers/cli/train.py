@@ -47,6 +47,9 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     from towers import data as sources
 
     fit = {name: flags.pop(name) for name in FIT_FLAGS}
+    # --mixed-precision alone leaves the dtype to the towers' kind.
+    flags["mixed_precision"] = {None: False, "auto": True}.get(
+        flags["mixed_precision"], flags["mixed_precision"])
     fit["profile_steps"] = parse_profile_steps(fit["profile_steps"])
     _setup.check_fit(flags["variables"], fit["check_replicas"], fit["profile_steps"],
                      fit["logdir"])
@@ -123,6 +126,9 @@ class CliTrainer(Trainer):
         # A line of its own carries the program's name; an indented line
         # continues the one above it (MNIST's preparation steps).
         click.echo(message if message.startswith(" ") else f"tower-train: {message}")
+
+    def _render(self, message: str) -> str:
+        return common.render(message, FLAGS)
 
     def warn(self, message: str) -> None:
         sys.stdout.flush()

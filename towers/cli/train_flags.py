@@ -261,16 +261,23 @@ _OPTIONS = [
         "give identical losses.",
     ),
     click.option(
-        "--xla",
-        is_flag=True,
-        help="Compile each tower's forward and backward pass with XLA, on the "
-        "tower's device. Needs --variables replicated.",
+        "--xla/--no-xla",
+        default=None,
+        help="Compile with XLA: one GPU tower whose variables live on it is compiled "
+        "whole, forward to update; other towers each their forward and backward "
+        "(needs --variables replicated). Default: on exactly where the whole step "
+        "compiles on a GPU.",
     ),
     click.option(
         "--mixed-precision",
-        is_flag=True,
-        help="Compute in bfloat16 on CPU towers, float16 on GPU towers (with "
-        "dynamic loss scaling); variables and the loss stay float32.",
+        is_flag=False,
+        flag_value="auto",
+        default=None,
+        metavar="[float16|bfloat16]",
+        type=click.Choice(["auto", "float16", "bfloat16"]),
+        help="Compute in float16 on GPU towers (with dynamic loss scaling) and "
+        "bfloat16 on CPU towers, or in the dtype named (bfloat16 needs no loss "
+        "scaling); variables and the loss stay float32.",
     ),
     click.option(
         "--logdir",

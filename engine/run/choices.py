@@ -1,0 +1,114 @@
+"""What a run picks where the user left a setting open, and why.
+
+The fastest known setting for the placement is the default: with GPU towers
+the variables live on the first tower's GPU (tf_cnn_benchmarks'
+`--local_parameter_device=gpu`), and a tower whose variables are on its own
+device is compiled whole by XLA, as Keras' `fit(jit_compile=True)` compiles
+its train step. CPU towers keep the settings measured fastest on CPUs: the
+variables in host memory, TensorFlow's own (oneDNN) kernels rather than XLA.
+Each choice carries the reason the run's header prints, with the argument
+that overrides it as a marker (engine.errors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from engine.topology.devices import Placement, task_of
+
+__all__ = ["Choice", "dali_threads", "gpu_towers", "layout", "reduce_device", "xla"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+    """A setting the run picked itself.
+
+    Attributes:
+      argument: the argument left open (`reduce_device`, `xla`, ...).
+      value: what was picked.
+      reason: why, for the header; names the way to choose otherwise.
+    """
+
+    argument: str
+    value: object
+    reason: str
+
+
+def gpu_towers(placement: Placement) -> bool:
+    """True when every tower is a GPU of this process."""
+    return all(t.gpu_index is not None and not task_of(t.device) for t in placement.towers)
+
+
+def reduce_device(placement: Placement) -> Choice:
+    """Where the variables live when `reduce_device` was not given (the
+    placement was resolved with `engine.topology.devices.default_reduce_device`)."""
+    device = placement.reduce_device
+    if device.startswith("/gpu:"):
+        own = "the tower's own GPU" if placement.one_device else "the first tower's GPU"
+        return Choice(
+            argument="reduce_device", value=device,
+            reason=f"variables on {device}, {own}: weights and gradients never cross "
+                   "the host (<reduce_device=/cpu:0> keeps them in host memory)")
+    return Choice(
+        argument="reduce_device", value=device,
+        reason=f"variables on {device}: host memory every tower reaches alike")
+
+
+def xla(placement: Placement, deterministic: bool) -> Choice:
+    """XLA on where it compiles the whole step on a GPU: one GPU tower whose
+    variables live on it. Elsewhere off: CPU towers run faster on TensorFlow's
+    own oneDNN kernels, and several towers keep their reduction visible."""
+    if deterministic:
+        return Choice(argument="xla", value=False,
+                      reason="no XLA: <deterministic=True> needs TensorFlow's own kernels")
+    on_gpu = gpu_towers(placement)
+    if on_gpu and placement.one_device:
+        return Choice(
+            argument="xla", value=True,
+            reason=f"XLA: the whole step (forward, backward, loss scale, update, "
+                   f"metrics) is one compiled program on {placement.reduce_device}, "
+                   "with no host round trip (<xla=False> turns it off)")
+    why = ("CPU towers run faster on TensorFlow's own kernels" if not on_gpu else
+           "the variables are not on the towers' device")
+    return Choice(argument="xla", value=False,
+                  reason=f"no XLA: {why} (<xla=True> turns it on)")
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def dali_threads(placement: Placement) -> Choice:
+    """DALI worker threads per tower pipeline.
+
+    A CPU tower's DALI threads compete with its TensorFlow ops for the same
+    cores: a quarter of the cores per tower, at least one, lost least in
+    `scripts/bench.py --dali-sweep` on a 2-core host (1 thread: 0.76 of the
+    in-memory speed against 0.59 with 2, mlp on 2 towers). A GPU tower's
+    compute is on its GPU, and its pipeline decodes there: half the cores
+    per tower feed the decoder, the other half dispatch TensorFlow's work.
+    """
+    n, host = len(placement.towers), cores()
+    if gpu_towers(placement):
+        threads = max(1, host // (2 * n))
+        return Choice(argument="dali_threads", value=threads,
+                      reason=f"DALI: {threads} threads per tower pipeline, half of "
+                             f"this host's {host} cores over {n} GPU tower{'s' * (n > 1)}")
+    threads = max(1, host // (4 * n))
+    return Choice(argument="dali_threads", value=threads,
+                  reason=f"DALI: {threads} thread{'s' * (threads > 1)} per tower "
+                         f"pipeline, a quarter of this host's {host} cores over {n} "
+                         f"tower{'s' * (n > 1)}, leaving the rest to the towers")
+
+
+def layout(placement: Placement, compute_dtype: str, images: bool) -> Choice | None:
+    """The image layout, named where it matters: float16 convolutions on GPUs
+    run on tensor cores in channels-last (NHWC), the layout DALI produces and
+    Keras' layers take, so no transpose is added."""
+    if not (images and compute_dtype == "float16" and gpu_towers(placement)):
+        return None
+    return Choice(argument="layout", value="NHWC",
+                  reason="layout: images channels-last (NHWC) from DALI to the "
+                         "convolutions, the layout float16 tensor-core kernels take")
