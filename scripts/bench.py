@@ -597,6 +597,9 @@ def main():
                         help="instead: DALI threads x prefetch against in-memory data")
     parser.add_argument("--startup", type=int, default=3,
                         help="times to measure tower-train's start (0: skip)")
+    parser.add_argument("--merge", default=None, metavar="JSON,...",
+                        help="instead of measuring: the table, targets and chart of the runs "
+                        "in these bench.json files (with the same table flags)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -620,7 +623,12 @@ def main():
             if c["kind"].startswith("engine-"):
                 c["trace"] = os.path.abspath(os.path.join(args.out, "traces", c["kind"]
                                                           + f"-{c['model']}-b{c['batch']}"))
-    rows = measure(configs)
+    if args.merge:
+        # Tables from runs measured earlier (several bench calls on one machine).
+        rows = [row for path in args.merge.split(",")
+                for row in json.load(open(path))["runs"]]
+    else:
+        rows = measure(configs)
     reference = ("engine-memory" if args.dali_sweep else
                  "keras-jit" if args.gpu or args.one_device else "mirrored")
     lines = table(rows, reference)
