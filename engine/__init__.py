@@ -9,9 +9,11 @@
 * `run`: a run's life around the loop: building, training, checkpoints,
   signals, the non-finite guard, summaries, progress, the watchdog.
 * `topology`: devices, the cluster, process-wide set-up.
-* `errors`, `userfn`: the engine's errors, and the user's own functions.
+* `errors`, `userfn`, `quiet`: the engine's errors, the user's own functions,
+  and TensorFlow's C++ logs kept off the terminal.
 
 The public Python API is `towers`; this package is what it is built from.
 """
 
-__all__ = ["core", "cost", "data", "errors", "placement", "reducers", "run", "topology", "userfn"]
+__all__ = ["core", "cost", "data", "errors", "placement", "quiet", "reducers", "run", "topology",
+           "userfn"]

@@ -27,6 +27,7 @@ __all__ = ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"]
 ARGUMENTS = frozenset("""
     batch_size check check_reducer check_replicas checkpoint_dir checkpoint_every cluster compress
     compute_dtype connect_timeout dali_threads data deterministic devices epochs eval_steps
+    fit_links from_logits json save_model verbose callbacks
     augment format gpu_memory group_size growth_interval image_shape image_size initial
     keep_checkpoints learning_rate
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum

@@ -345,7 +345,7 @@ def test_a_damaged_checkpoint_list_still_finds_the_checkpoints(tmp_path):
 
 def test_a_signal_in_the_last_step_of_an_epoch_keeps_its_evaluation(tmp_path):
     """The signal is honoured after the epoch's evaluation, metrics and checkpoint."""
-    from engine.core.loop import LoopOptions
+    from engine.core.options import LoopOptions
     from engine.run.signals import GracefulStop
     from engine.run.watchers import SignalWatcher
 

@@ -15,6 +15,7 @@ from test_reducers import ALL
 
 from engine import data, reducers
 from engine.core import loop
+from engine.core.options import LoopOptions, ModelOptions
 from engine.placement import report as placement_report
 from engine.reducers import conformance
 from engine.run import build as train
@@ -54,10 +55,10 @@ def train_100_steps(mnist_dir, reducer, variables):
     data_options = data.DataOptions(format=info.format, train_path=info.train_path,
                                     val_path=info.val_path, batch_size=64)
     towers = train.build(logical_placement(), data_options,
-                         train.ModelOptions(models.builder("mlp"), learning_rate=2e-3,
+                         ModelOptions(model=models.builder("mlp"), learning_rate=2e-3,
                                             variables=variables),
                          reducers.ReducerOptions(reducer), info.val_size)
-    options = loop.LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
+    options = LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
                                eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
     with open("/dev/null", "w") as quiet:
         (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,

@@ -8,6 +8,7 @@ import tensorflow as tf
 from conftest import flag_message
 
 from engine.core import loop
+from engine.core.options import LoopOptions
 from engine.run.progress import EpochProgress
 
 
@@ -57,7 +58,7 @@ def run(step, per_loop, epochs=2, per_epoch=10):
     batch = (tf.zeros([4, 1]), tf.zeros([4, 1], tf.int32))
     iterators = [iter(tf.data.Dataset.from_tensors(batch).repeat())]
     watcher, stream = Steps(), io.StringIO()
-    options = loop.LoopOptions(epochs=epochs, steps_per_epoch=per_epoch, eval_steps=0,
+    options = LoopOptions(epochs=epochs, steps_per_epoch=per_epoch, eval_steps=0,
                                steps_per_loop=per_loop)
     records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0),
                        watchers=[watcher])
@@ -109,5 +110,5 @@ def test_loops_never_cross_an_epoch(per_loop, calls):
 )
 def test_loop_options_refuse_what_loops_cannot_do(options, message):
     with pytest.raises(ValueError) as err:
-        loop.LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, **options)
+        LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, **options)
     assert flag_message(err.value) == message

@@ -12,9 +12,10 @@ from conftest import digit_iterators, flag_message, run_cli
 
 from engine.core import loop, precision
 from engine.core.loss_scale import DynamicLossScale, next_scale
+from engine.core.options import LoopOptions
 from engine.core.step import TowerStep
 from engine.core.variables import ReduceDeviceVariables
-from engine.reducers import Central
+from engine.reducers.central import Central
 from engine.run.guard import NonFiniteError, NonFiniteGuard
 from engine.run.progress import EpochProgress
 from engine.topology.devices import DeviceRequest, Placement, Tower, resolve
@@ -132,7 +133,7 @@ def test_an_epoch_of_only_overflows_shows_no_loss_and_counts_them(digits):
     step = make_step("float16", lambda device: DynamicLossScale(device, initial=2.0**30))
     iterators = tower_iterators(digits, step, steps=6)
     stream = io.StringIO()
-    options = loop.LoopOptions(epochs=2, steps_per_epoch=3, eval_steps=0)
+    options = LoopOptions(epochs=2, steps_per_epoch=3, eval_steps=0)
     records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0))
     # Six steps run at scales 2**30 to 2**25, all too large for float16's
     # 65504 (the logit gradients alone pass it): both epochs only overflow.

@@ -18,7 +18,7 @@ from engine.core.variables import ReduceDeviceVariables, ReplicatedVariables
 from engine.placement import log as placement
 from engine.placement import render as placement_render
 from engine.placement import report as placement_report
-from engine.reducers import Central
+from engine.reducers.central import Central
 
 # The real logs below are made once, on one worker.
 pytestmark = pytest.mark.xdist_group("placement_logs")

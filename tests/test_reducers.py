@@ -11,6 +11,7 @@ from conftest import LOGICAL_CPUS, flag_message, run_cli
 
 from engine import reducers
 from engine.core import loop
+from engine.core.options import LoopOptions
 from engine.core.step import TowerStep
 from engine.core.variables import (
     ReduceDeviceVariables,
@@ -232,7 +233,7 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
             data = tf.data.Dataset.from_tensors(
                 (tf.zeros([BATCH, 28, 28, 1]), tf.zeros([BATCH, 1], tf.int32))).repeat()
             iterators.append(iter(data))
-    options = loop.LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, check_replicas=3)
+    options = LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, check_replicas=3)
     import io
 
     from engine.run.progress import EpochProgress

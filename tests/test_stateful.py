@@ -375,7 +375,13 @@ def test_check_reducer_holds_a_lossy_reducer_to_its_feedback():
 
 
 def test_the_collectives_give_the_mean_chunks_and_copies_where_asked():
-    from towers.reducers import ALGORITHMS, all_gather, all_reduce, broadcast, reduce_scatter
+    from towers.reducers import (
+        ALGORITHMS,
+        all_gather,
+        all_reduce,
+        broadcast,
+        reduce_scatter,
+    )
 
     rng = np.random.default_rng(9)
     values = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(3)]

@@ -8,7 +8,7 @@ import tensorflow as tf
 from engine.core.step import TowerStep, tower_gradients
 from engine.core.variables import ReduceDeviceVariables
 from engine.placement import log as placement
-from engine.reducers import Central
+from engine.reducers.central import Central
 from engine.topology.devices import DeviceRequest, resolve
 from towers import models
 

@@ -11,7 +11,7 @@ from engine.core.step import TowerStep
 from engine.core.variables import ReplicatedVariables
 from engine.placement import log as placement
 from engine.placement import report as placement_report
-from engine.reducers import Central
+from engine.reducers.central import Central
 from engine.topology.devices import DeviceRequest, resolve
 from towers import models
 

@@ -65,3 +65,13 @@ def nan_on_tower_1_at_step_6(input_shape, num_classes):
 def needs_width(width, input_shape, num_classes):
     """Wrong on purpose: the contract passes only input_shape and num_classes."""
     return tiny(input_shape, num_classes)
+
+
+def logits(input_shape, num_classes):
+    """An MLP that outputs logits: no softmax at its end."""
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(num_classes),
+    ], name="logits")

@@ -12,11 +12,25 @@ the reducers with state and what you need to write your own,
 in `towers.cli` are thin layers over this API.
 """
 
-from engine.errors import RunError, TowerError, UsageError
-from engine.userfn import UserCodeError
-from towers import data, models, placement
-from towers.data import Shard
-from towers.trainer import Trainer
+from importlib import metadata as _metadata
+
+from engine import quiet
+
+# TensorFlow's C++ start-up logs stay off the terminal, whoever imports it
+# next (the user's `import keras` too); TF_CPP_MIN_LOG_LEVEL set by the user
+# wins (engine.quiet).
+quiet.quiet_tensorflow()
+
+from engine.errors import RunError, TowerError, UsageError  # noqa: E402
+from engine.userfn import UserCodeError  # noqa: E402
+from towers import callbacks, data, models, placement  # noqa: E402
+from towers.data import Shard  # noqa: E402
+from towers.trainer import Trainer  # noqa: E402
+
+try:
+    __version__ = _metadata.version("tower-train")
+except _metadata.PackageNotFoundError:  # run from a checkout that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "RunError",
@@ -25,6 +39,8 @@ __all__ = [
     "Trainer",
     "UsageError",
     "UserCodeError",
+    "__version__",
+    "callbacks",
     "cost",
     "data",
     "models",

@@ -4,20 +4,22 @@ need no TensorFlow, the process-wide set-up, and the engine's option objects.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import NamedTuple
 
 from engine import data as data_lib
 from engine.errors import UsageError
 from engine.topology import devices as devs
+from towers import models
 
 
 class RunOptions(NamedTuple):
     """What the towers are built from; `fit` adds the loop's options."""
 
     data: object  # engine.data.DataOptions
-    model: object  # engine.run.build.ModelOptions
-    reducer: object  # engine.reducers.ReducerOptions
+    model: object  # engine.core.options.ModelOptions
+    reducer: object  # engine.reducers.options.ReducerOptions
     choices: tuple = ()  # engine.run.choices.Choice: what the run picked itself
 
 
@@ -55,10 +57,14 @@ def cluster_options(spec: str | None, connect_timeout: float, request):
 
 
 def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
-                  step_timeout: float, image_size: int | None = None) -> None:
-    """Refuses counts and times out of range, naming the argument."""
+                  step_timeout: float, image_size: int | None = None,
+                  learning_rate: float | None = None) -> None:
+    """Refuses counts and times out of range, naming the argument (the ones
+    no options class holds before TensorFlow starts)."""
     if not step_timeout > 0:
         raise UsageError(f"<step_timeout> ({step_timeout:g}) must be positive")
+    if learning_rate is not None and not learning_rate > 0:
+        raise UsageError(f"<learning_rate> ({learning_rate}) must be positive")
     for argument, value in (("batch_size", batch_size),
                             ("dali_threads", 1 if dali_threads is None else dali_threads),
                             ("prefetch", prefetch),
@@ -74,7 +80,7 @@ def start_tensorflow(request, reducer, deterministic: bool, log_device_placement
     process.start(
         deterministic=deterministic,
         collective_towers=(devs.expected_tower_count(request)
-                           if reducer == "collective" else None),
+                           if reducer.builtin == "collective" else None),
         log_device_placement=log_device_placement,
     )
 
@@ -110,50 +116,43 @@ def check_data_fits(info, towers: int, batch_size: int) -> None:
         )
 
 
-def load_topology(topology, reducer):
-    """`topology` loaded (a file or a built-in's name) and checked before
-    TensorFlow starts; only `reducer="auto"` takes one.
+def reducer_options(reducer, *, group_size: int, pack_bytes: int, compress: str | None,
+                    topology):
+    """The reducer's options, checked before TensorFlow starts (a built-in's
+    name, a spec's parameters, a topology's file and fields).
 
     Raises:
-      UsageError: a topology for another reducer.
-      TopologyError: a missing or malformed file, naming the field.
+      ReducerError: as ReducerOptions.
+      TopologyError: a missing or malformed topology file, naming the field.
     """
     from engine.cost import topology as topology_lib
+    from engine.reducers.options import ReducerOptions
 
-    if topology is None:
-        return None
-    if reducer != "auto":
-        raise UsageError(f"<topology> is for <reducer=auto>, which chooses by it; "
-                         f"<reducer={reducer}> does not use one")
-    if isinstance(topology, topology_lib.Topology):
-        return topology
+    options = ReducerOptions(name=reducer, group_size=group_size, pack_bytes=pack_bytes,
+                             compress=compress, topology=topology)
+    if topology is None or isinstance(topology, topology_lib.Topology):
+        return options
     try:
-        return topology_lib.load(str(topology))
+        loaded = topology_lib.load(str(topology))
     except topology_lib.TopologyError as err:
         raise topology_lib.TopologyError(f"<topology> {err}") from None
+    return dataclasses.replace(options, topology=loaded)
 
 
-def run_options(placement, info, source, model, model_fn, *, optimizer, learning_rate,
-                loss, batch_size, reducer, variables, group_size, pack_bytes, compress, topology,
-                mixed_precision, xla, seed, dali_threads, prefetch, image_size=None,
+def run_options(placement, info, source, model, model_options, reducer, *, learning_rate,
+                batch_size, mixed_precision, xla, dali_threads, prefetch, image_size=None,
                 augment=None, deterministic=False, reduce_device_given=True) -> RunOptions:
-    """The data, model and reducer options of a run on `placement`, and the
-    settings it picked where the arguments left them open (`xla=None`,
-    `dali_threads=None`, `reduce_device_given=False`)."""
-    from engine import reducers
+    """The data and model options of a run on `placement` (`model_options` and
+    `reducer` checked before TensorFlow started), and the settings it picked
+    where the arguments left them open (`xla=None`, `dali_threads=None`,
+    `reduce_device_given=False`, `learning_rate=None`)."""
+    from engine.core import options as core_options
     from engine.core import precision
     from engine.core import variables as variables_lib
-    from engine.run import build, choices
-    from towers import models
+    from engine.run import choices
 
+    variables, optimizer = model_options.variables, model_options.optimizer
     towers = len(placement.towers)
-    model_shape = models.default_input_shape(model)
-    if model_shape is not None and (len(model_shape) == 1) != (info.format == "text"):
-        raise UsageError(
-            f"<model={models.model_name(model)}> reads "
-            + ("byte sequences; add <format=text>" if info.format != "text" else
-               "images; text feeds a sequence model such as <model=transformer>")
-        )
     compute_dtype = (precision.mixed_dtype(placement, mixed_precision) if mixed_precision
                      else "float32")
     picked = []
@@ -171,33 +170,49 @@ def run_options(placement, info, source, model, model_fn, *, optimizer, learning
     # The header names them where they differ from the CPU defaults of old.
     picked = tuple(c for c in picked if c is not None) if choices.gpu_towers(placement) else ()
     note = ""
-    if learning_rate is None and isinstance(optimizer, str) and optimizer in build.OPTIMIZERS:
-        learning_rate, note = build.default_learning_rate(optimizer, batch_size * towers)
+    if learning_rate is None and isinstance(optimizer, str) and optimizer in core_options.OPTIMIZERS:
+        learning_rate, note = core_options.default_learning_rate(optimizer, batch_size * towers)
     data_options = data_lib.DataOptions(
         format=info.format,
         train_path=info.train_path,
         val_path=info.val_path,
         batch_size=batch_size,
         image_shape=((28, 28, 1) if info.format == "text" else
-                     image_shape(source, info, model_shape, image_size)),
+                     image_shape(source, info, models.default_input_shape(model), image_size)),
         seq_len=info.seq_len or 0,
         num_classes=info.num_classes,
         synthetic_samples=source.samples,
         stored_shape=info.image_shape,
         augment=info.augment if augment is None else augment,
-        seed=seed,
+        seed=model_options.seed,
         num_threads=threads,
         prefetch=prefetch,
         pipeline=source.function,
     )
-    model_options = build.ModelOptions(
-        model_fn, models.model_name(model), optimizer,
-        1e-3 if learning_rate is None else learning_rate, loss, seed, note, variables,
-        compute_dtype, xla,
-    )
-    return RunOptions(data_options, model_options,
-                      reducers.ReducerOptions(reducer, group_size, pack_bytes, compress,
-                                              topology), picked)
+    model_options = dataclasses.replace(
+        model_options, learning_rate=model_options.learning_rate if learning_rate is None
+        else learning_rate, learning_rate_note=note, compute_dtype=compute_dtype, xla=xla)
+    return RunOptions(data_options, model_options, reducer, picked)
+
+
+def check_pairing(model, source, info) -> None:
+    """Refuses a zoo model on data it cannot read (an image model on text, the
+    transformer on images), before anything is built.
+
+    Raises:
+      UsageError: naming the model and the data, and what would pair.
+    """
+    reads = models.input_kind(model)
+    text = (info.format if info is not None else source.kind) == "text"
+    if reads is None or (reads == "sequences") == text:
+        return
+    name = models.model_name(model)
+    if text:
+        raise UsageError(
+            f"<model={name}> reads images; text feeds a sequence model such as "
+            "<model=transformer>"
+        )
+    raise UsageError(f"<model={name}> reads byte sequences; add <format=text>")
 
 
 def image_shape(source, info, model_shape, image_size: int | None) -> tuple[int, int, int]:
@@ -210,16 +225,17 @@ def image_shape(source, info, model_shape, image_size: int | None) -> tuple[int,
     return tuple(shape)
 
 
-def check_fit(variables: str, check_replicas: int, profile_steps, logdir) -> None:
-    """The checks of fit's arguments that need nothing built (the CLI makes
-    them before TensorFlow starts)."""
-    if check_replicas and variables != "replicated":
-        raise UsageError(
-            f"<check_replicas={check_replicas}> compares replicated variables; "
-            "add <variables=replicated>"
-        )
-    if profile_steps is not None and logdir is None:
-        raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
+def check_fit(reducer, variables: str, **fit) -> None:
+    """Every check of fit's arguments that needs nothing built: the loop's,
+    the checkpoints' and the placement log's options (with what only the data
+    can say left at a valid stand-in), and the files and folders it would
+    write. The CLI makes them before TensorFlow starts; `fit` again, as it
+    builds the same options for real.
+
+    Raises:
+      UsageError: the first bad argument, named.
+    """
+    fit_options(reducer, variables, None, 1, None, **fit)
 
 
 def check_local_sgd(reducer, check_replicas: int) -> None:
@@ -240,39 +256,58 @@ def check_local_sgd(reducer, check_replicas: int) -> None:
         )
 
 
-def train_options(run: RunOptions, info, towers: int, cluster, *, epochs, steps_per_epoch,
-                  steps_per_loop, eval_steps, metrics, checkpoint_dir, checkpoint_every,
-                  keep_checkpoints, resume, placement_log, strict_placement, logdir,
-                  profile_steps, skip_nonfinite, check_replicas, max_transfer_bytes=None):
-    """Everything `fit` runs with; default epoch and evaluation lengths from the data."""
-    import dataclasses
+def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
+                steps_per_epoch, steps_per_loop, eval_steps, metrics, checkpoint_dir,
+                checkpoint_every, keep_checkpoints, resume, placement_log, strict_placement,
+                logdir, profile_steps, skip_nonfinite, check_replicas,
+                max_transfer_bytes=None, run: RunOptions | None = None):
+    """Everything `fit` runs with, its default epoch and evaluation lengths
+    from the data (`info`; None: stand-ins, to check the arguments alone).
 
-    from engine.core import loop
-    from engine.run.checkpoint import CheckpointOptions
-    from engine.run.train import PlacementOptions, TrainOptions
+    Raises:
+      UsageError: a bad argument, named; nothing has been written.
+    """
+    from engine.core.options import LoopOptions
+    from engine.run import outputs
+    from engine.run.options import CheckpointOptions, PlacementOptions, TrainOptions
 
-    check_fit(run.model.variables, check_replicas, profile_steps, logdir)
-    check_local_sgd(run.reducer, check_replicas)
-    batch = run.data.batch_size
+    if check_replicas and variables != "replicated":
+        raise UsageError(
+            f"<check_replicas={check_replicas}> compares replicated variables; "
+            "add <variables=replicated>"
+        )
+    if profile_steps is not None and logdir is None:
+        raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
+    check_local_sgd(reducer, check_replicas)
+    outputs.check_file("metrics", metrics)
+    outputs.check_file("placement_log", placement_log)
+    outputs.check_directory("checkpoint_dir", checkpoint_dir)
+    outputs.check_directory("logdir", logdir)
+    batch = run.data.batch_size if run else 1
     if steps_per_epoch is None:
-        steps_per_epoch = 100 if info.train_size is None else info.train_size // (batch * towers)
+        steps_per_epoch = (100 if info is None or info.train_size is None
+                           else info.train_size // (batch * towers))
     if eval_steps is None:
-        eval_steps = data_lib.eval_batches(info.val_size, batch, towers) if info.val_size else 0
+        eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
+                      if info is not None and info.val_size else 0)
     return TrainOptions(
-        data=dataclasses.replace(run.data, checkpointing=checkpoint_dir is not None),
-        model=run.model,
-        reducer=run.reducer,
-        loop=loop.LoopOptions(epochs, steps_per_epoch, eval_steps, metrics, check_replicas,
-                              steps_per_loop=steps_per_loop),
-        placement=PlacementOptions(placement_log, strict_placement, max_transfer_bytes),
+        data=(dataclasses.replace(run.data, checkpointing=checkpoint_dir is not None)
+              if run else None),
+        model=run.model if run else None,
+        reducer=reducer,
+        loop=LoopOptions(epochs=epochs, steps_per_epoch=steps_per_epoch, eval_steps=eval_steps,
+                         metrics_path=metrics, check_replicas=check_replicas,
+                         steps_per_loop=steps_per_loop),
+        placement=PlacementOptions(log_path=placement_log, strict=strict_placement,
+                                   max_transfer_bytes=max_transfer_bytes),
         checkpoints=CheckpointOptions(
-            checkpoint_dir, checkpoint_every, keep_checkpoints, resume,
-            io_device=cluster.local_cpu if cluster else None,
+            directory=checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints,
+            resume=resume, io_device=cluster.local_cpu if cluster else None,
         ),
         skip_nonfinite=skip_nonfinite,
         logdir=logdir,
         profile_steps=None if profile_steps is None else tuple(profile_steps),
-        choices=run.choices,
+        choices=run.choices if run else (),
     )
 
 

@@ -41,6 +41,10 @@ class Trainer:
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
+      from_logits: the default loss takes logits (outputs before softmax),
+        as Keras' `SparseCategoricalCrossentropy(from_logits=True)`. Without
+        it, a model whose outputs are not probabilities is refused before
+        the first step.
       data: a `towers.data` source; default `towers.data.mnist()`.
       batch_size: samples per tower per step.
       image_size: decode and resize images to image_size x image_size;
@@ -103,6 +107,7 @@ class Trainer:
         optimizer: str | Callable = "adam",
         learning_rate: float | None = None,
         loss=None,
+        from_logits: bool = False,
         data: sources.Source | None = None,
         batch_size: int = 64,
         image_size: int | None = None,
@@ -129,13 +134,17 @@ class Trainer:
         stream: TextIO | None = None,
         resume_hint: str = "fit(..., resume=True)",
     ):
+        from engine.core.options import ModelOptions
         from towers import _setup as setup
 
         self.stream = stream or sys.stdout
         self.resume_hint = resume_hint
         self.check_reducer = check_reducer
+        self.stop_training = False
         if not isinstance(devices, str):
             devices = ",".join(devices)
+        # Everything that needs no TensorFlow is checked first, so that bad
+        # arguments are refused in a fraction of a second.
         request = devs.parse_request(devices, reduce_device, gpu_memory)
         cluster_options = setup.cluster_options(cluster, connect_timeout, request)
         setup.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
@@ -147,9 +156,15 @@ class Trainer:
                 "some ops (max-pooling gradients, for one) and TensorFlow refuses them "
                 "mid-run; drop one of the two flags"
             )
-        topology = setup.load_topology(topology, reducer)
+        reducer_options = setup.reducer_options(reducer, group_size=group_size,
+                                                pack_bytes=pack_bytes, compress=compress,
+                                                topology=topology)
+        model_options = ModelOptions(
+            model=models.builder(model), model_name=models.model_name(model),
+            optimizer=optimizer, learning_rate=1e-3 if learning_rate is None else learning_rate,
+            loss=loss, from_logits=from_logits, seed=seed, variables=variables,
+        )
         source = data or sources.mnist()
-        model_fn = models.builder(model)
         if image_size is not None and source.kind == "text":
             raise UsageError(f"<image_size={image_size}> sizes images; text comes in "
                              "sequences of <seq_len> bytes (towers.data.text)")
@@ -161,8 +176,9 @@ class Trainer:
         # Data the user named is checked before TensorFlow starts; MNIST that
         # is still to be prepared waits until the devices are known to be good.
         info = source.inspect(self._say) if source.is_prepared else None
+        setup.check_pairing(model, source, info)
         self._before_tensorflow()
-        setup.start_tensorflow(request, reducer, deterministic, log_device_placement)
+        setup.start_tensorflow(request, reducer_options, deterministic, log_device_placement)
         self.watchdog = None
         if cluster_options is not None:
             self.watchdog = setup.watch_cluster(cluster_options, step_timeout, self)
@@ -172,12 +188,9 @@ class Trainer:
         setup.check_data_fits(self.info, towers, batch_size)
         self.cluster = cluster_options
         self.options = setup.run_options(
-            self.placement, self.info, source, model, model_fn,
-            optimizer=optimizer, learning_rate=learning_rate, loss=loss,
-            batch_size=batch_size, reducer=reducer, variables=variables,
-            group_size=group_size, pack_bytes=pack_bytes, compress=compress,
-            topology=topology, mixed_precision=mixed_precision, xla=xla, seed=seed,
-            dali_threads=dali_threads, prefetch=prefetch, image_size=image_size,
+            self.placement, self.info, source, model, model_options, reducer_options,
+            learning_rate=learning_rate, batch_size=batch_size, mixed_precision=mixed_precision,
+            xla=xla, dali_threads=dali_threads, prefetch=prefetch, image_size=image_size,
             augment=augment, deterministic=deterministic,
             reduce_device_given=reduce_device is not None,
         )
@@ -231,6 +244,9 @@ class Trainer:
         profile_steps: tuple[int, int] | None = None,
         skip_nonfinite: bool = False,
         check_replicas: int = 0,
+        verbose: int = 1,
+        callbacks=(),
+        placement_summary: bool = False,
         stop=None,
     ) -> list[dict]:
         """Trains until `epochs` epochs are done in all (a resumed or continued
@@ -260,6 +276,16 @@ class Trainer:
             gradient instead of stopping.
           check_replicas: with replicated variables, compare the copies every
             this many steps.
+          verbose: as Keras' `fit`: 0 silent, 1 the header and a live
+            progress bar, 2 the header and one line per epoch. Warnings are
+            printed whatever it is.
+          callbacks: `towers.callbacks.Callback` objects, called after every
+            epoch with its record (`on_epoch_end(epoch, logs)`, epoch counted
+            from 0 as in Keras); one may stop the run
+            (`towers.callbacks.EarlyStopping`).
+          placement_summary: with `placement_log`, print the summary of
+            where the ops ran and what crossed devices at the end (the CLI
+            does); `towers.placement.summary(path)` gives it later.
           stop: an engine.run.signals.GracefulStop that stops the run at the
             next safe point after a signal.
 
@@ -278,16 +304,21 @@ class Trainer:
         """
         from engine.run import train as train_lib
         from towers import _setup as setup
+        from towers import callbacks as callbacks_lib
 
-        options = setup.train_options(
-            self.options, self.info, len(self.placement.towers), self.cluster,
+        if verbose not in (0, 1, 2):
+            raise UsageError(f"<verbose> ({verbose!r}) is not one of 0, 1, 2")
+        options = setup.fit_options(
+            self.options.reducer, self.options.model.variables, self.info,
+            len(self.placement.towers), self.cluster, run=self.options,
             epochs=epochs, steps_per_epoch=steps_per_epoch, steps_per_loop=steps_per_loop,
             eval_steps=eval_steps, metrics=metrics, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             resume=resume, placement_log=placement_log, strict_placement=strict_placement,
-            max_transfer_bytes=max_transfer_bytes, logdir=logdir, profile_steps=profile_steps, skip_nonfinite=skip_nonfinite,
-            check_replicas=check_replicas,
+            max_transfer_bytes=max_transfer_bytes, logdir=logdir, profile_steps=profile_steps,
+            skip_nonfinite=skip_nonfinite, check_replicas=check_replicas,
         )
+        watcher = callbacks_lib.watcher(callbacks, self)
         if self.towers is not None and options.data.checkpointing != self._checkpointing:
             raise UsageError(
                 "<checkpoint_dir>: this Trainer's pipelines were built by an earlier call "
@@ -295,11 +326,43 @@ class Trainer:
                 "Trainer to change that"
             )
         self.checkpoint_dir = checkpoint_dir
+        self.stop_training = False
         self._build(options)
-        return train_lib.train(
+        watcher.begin()
+        history = train_lib.train(
             self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers,
-            render=self._render,
+            render=self._render, verbose=verbose, watchers=(watcher,),
+            placement_summary=placement_summary,
         )
+        watcher.end(history)
+        return history
+
+    def save(self, path: str) -> str:
+        """Writes the trained model where a user can load it without this
+        package: `path` ending in `.keras` is a Keras model file
+        (`keras.models.load_model(path)`; the zoo's models need nothing
+        else, a model with layers of your own needs their classes), any
+        other path a TensorFlow SavedModel for inference
+        (`tf.saved_model.load(path).serve(images)`, or
+        `keras.layers.TFSMLayer(path)`).
+
+        Returns:
+          `path`.
+
+        Raises:
+          UsageError: nothing trained yet, or a path that cannot be written.
+        """
+        from engine.run import outputs
+
+        if self.towers is None:
+            raise UsageError("<save_model>: nothing is trained yet; call fit first")
+        if path.endswith(".keras"):
+            outputs.check_file("save_model", path)
+            self.model.save(path)
+        else:
+            outputs.check_directory("save_model", path)
+            self.model.export(path, verbose=False)
+        return path
 
     def evaluate(self, steps: int | None = None) -> dict[str, float]:
         """One pass over the held-out set (or `steps` batches per tower).

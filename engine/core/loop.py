@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -10,57 +9,9 @@ from typing import Protocol
 import tensorflow as tf
 
 from engine import data
+from engine.core.options import LoopOptions
 from engine.core.step import TowerStep
-from engine.errors import UsageError
 from engine.run.progress import EpochProgress, MetricsFile
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopOptions:
-    """How long to train and how often to look.
-
-    Attributes:
-      epochs: number of epochs.
-      steps_per_epoch: training steps per epoch (one step = one batch per tower).
-      eval_steps: held-out batches per tower after each epoch; 0 skips it.
-      metrics_path: file that gets one JSON line per epoch, or None.
-      check_replicas: with replicated variables, compare the copies every this
-        many steps (0: never) and stop if they differ by more than
-        `replica_tolerance`.
-      steps_per_loop: training steps per call of the compiled step (Orbit's
-        `steps_per_loop`, Keras' `steps_per_execution`): the host dispatches
-        and looks at the run (progress, checkpoints, signals, the
-        non-finite guard) once per loop, which ends early at an epoch's end
-        or a non-finite step.
-    """
-
-    epochs: int
-    steps_per_epoch: int
-    eval_steps: int
-    metrics_path: str | None = None
-    check_replicas: int = 0
-    replica_tolerance: float = 1e-6
-    steps_per_loop: int = 1
-
-    def __post_init__(self):
-        for name in ("epochs", "steps_per_epoch"):
-            value = getattr(self, name)
-            if value < 1:
-                raise UsageError(f"<{name}> ({value}) must be a positive integer")
-        if self.eval_steps < 0:
-            raise UsageError(f"<eval_steps> ({self.eval_steps}) must be 0 or more")
-        if self.check_replicas < 0:
-            raise UsageError(f"<check_replicas> ({self.check_replicas}) must be 0 or more")
-        if self.steps_per_loop < 1:
-            raise UsageError(
-                f"<steps_per_loop> ({self.steps_per_loop}) must be a positive integer"
-            )
-        if self.check_replicas % self.steps_per_loop:
-            raise UsageError(
-                f"<check_replicas={self.check_replicas}> is not a multiple of "
-                f"<steps_per_loop={self.steps_per_loop}>; the replicas are compared "
-                "between loops"
-            )
 
 
 def plain_call(kind: str, function: Callable, *args):
@@ -104,7 +55,9 @@ class HeldOut:
 
 class Watcher(Protocol):
     """Something that looks at the run between steps (checkpoints, the
-    non-finite guard, signals). Either hook may raise to stop the run."""
+    non-finite guard, signals, the user's callbacks). Either hook may raise
+    to stop the run; a watcher with a true `stop_training` ends it after the
+    epoch, as finished."""
 
     def after_step(self, step: int, outputs: dict) -> None: ...
 
@@ -196,6 +149,8 @@ def run(
         for watcher in watchers:
             watcher.after_epoch(epoch, done, record)
         history.append(record)
+        if any(getattr(watcher, "stop_training", False) for watcher in watchers):
+            break  # a watcher (early stopping, say) ends the run after this epoch
     return history
 
 

@@ -20,7 +20,8 @@ import tensorflow as tf
 from engine.errors import UsageError
 from engine.userfn import calling, check_signature, label
 
-__all__ = ["Loss", "per_sample", "sample_means", "sparse_cross_entropy"]
+__all__ = ["Loss", "logits_cross_entropy", "per_sample", "sample_means",
+           "sparse_cross_entropy"]
 
 Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -30,11 +31,17 @@ def sparse_cross_entropy(labels: tf.Tensor, probs: tf.Tensor) -> tf.Tensor:
     return keras.losses.sparse_categorical_crossentropy(labels, probs)
 
 
-def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
+def logits_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Per-sample cross-entropy of integer labels against logits."""
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def per_sample(loss: Loss | keras.losses.Loss | None, from_logits: bool = False) -> Loss:
     """The per-sample loss function for the `loss` a user gave.
 
     Args:
-      loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
+      loss: None (cross-entropy of softmax outputs, or of logits with
+        `from_logits`), a `keras.losses.Loss`
         (e.g. `SparseCategoricalCrossentropy(from_logits=True)`), or a
         function of (labels [B] int32, outputs [B, ...] float32) returning [B]
         (with labels per position, [B, T] and [B, T, ...], returning [B, T]
@@ -49,7 +56,7 @@ def per_sample(loss: Loss | keras.losses.Loss | None) -> Loss:
         is unreduced here; a function must not reduce).
     """
     if loss is None:
-        return _per_sample(sparse_cross_entropy)
+        return _per_sample(logits_cross_entropy if from_logits else sparse_cross_entropy)
     if isinstance(loss, keras.losses.Loss):
         function, name = loss.call, type(loss).__name__
     elif callable(loss):

@@ -27,13 +27,9 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from engine.errors import UsageError
+from engine.reducers.options import ReducerError  # noqa: F401 (where reducers import it)
 
 COMPRESSION = {"fp16": tf.float16, "bf16": tf.bfloat16}
-
-
-class ReducerError(UsageError):
-    """A reducer that cannot serve this placement; the message is one line."""
 
 
 class Reducer(Protocol):

@@ -2,4 +2,4 @@
 training them, checkpoints, signals, the non-finite guard, summaries, progress
 and the watchdog."""
 
-__all__ = ["build", "checkpoint", "choices", "describe", "guard", "progress", "signals", "summaries", "train", "watchdog", "watchers"]
+__all__ = ["build", "checkpoint", "choices", "describe", "guard", "options", "outputs", "progress", "signals", "summaries", "train", "watchdog", "watchers"]

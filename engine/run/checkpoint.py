@@ -18,14 +18,14 @@ fails to restore; the next older one is tried, with a warning.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
 from engine.core.on_device import OnDevice
-from engine.errors import RunError, UsageError
+from engine.errors import RunError
+from engine.run.options import CheckpointOptions
 
 
 class PinnedIterator(trackable.Trackable):
@@ -110,34 +110,31 @@ class CheckpointError(RunError):
     """No checkpoint in the directory could be restored; the message is one line."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointOptions:
-    """Where and how often to save.
+RUN_KEY = "run/.ATTRIBUTES/VARIABLE_VALUE"  # the run's signature in a checkpoint
 
-    Attributes:
-      directory: where checkpoints go, or None for none.
-      every: also save every this many steps (0: only at the end of epochs).
-      keep: how many of the newest checkpoints to keep.
-      resume: continue from the newest good checkpoint in `directory`.
-      io_device: the device whose host reads and writes the files; with
-        towers on other tasks, this process's CPU, so that the checkpoint
-        lands on this machine and not in pieces on every worker.
-    """
 
-    directory: str | None = None
-    every: int = 0
-    keep: int = 3
-    resume: bool = False
-    io_device: str | None = None
+def saved_signature(directory: str) -> tuple[str, str] | None:
+    """(path, signature) of the newest checkpoint in `directory` whose
+    signature reads, or None when there is none. Reads; writes nothing."""
+    import glob
+    import os
+    import re
 
-    def __post_init__(self):
-        if self.every < 0:
-            raise UsageError(f"<checkpoint_every> ({self.every}) must be 0 or more")
-        if self.keep < 1:
-            raise UsageError(f"<keep_checkpoints> ({self.keep}) must be at least 1")
-        if self.directory is None and (self.resume or self.every):
-            flag = "<resume>" if self.resume else "<checkpoint_every>"
-            raise UsageError(f"{flag} needs <checkpoint_dir=DIR>")
+    state = tf.train.get_checkpoint_state(directory)
+    listed = list(reversed(state.all_model_checkpoint_paths)) if state else []
+    if not listed:
+        found = []
+        for index in glob.glob(os.path.join(directory, "ckpt-*.index")):
+            match = re.fullmatch(r"ckpt-(\d+)\.index", os.path.basename(index))
+            if match:
+                found.append((int(match.group(1)), index[: -len(".index")]))
+        listed = [path for _, path in sorted(found, reverse=True)]
+    for path in listed:
+        try:
+            return path, tf.train.load_variable(path, RUN_KEY).decode()
+        except Exception:  # damaged or missing: restore names it, older ones are tried
+            continue
+    return None
 
 
 class Checkpoints:

@@ -3,21 +3,23 @@ the parameters, and what a checkpoint fits."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import keras
 
 from engine import data
 from engine.core import loss_scale, precision
+from engine.core.options import ModelOptions
+from engine.errors import UsageError
 from engine.placement.log import RunInfo
 from engine.reducers.auto import auto_part
 from engine.reducers.stateful import stateful_part
-from engine.run.build import ModelOptions
 from engine.topology.devices import Placement
 from engine.userfn import label
 
 if TYPE_CHECKING:
-    from engine.run.train import TrainOptions
+    from engine.run.options import TrainOptions
 
 def describe(
     placement: Placement, options: TrainOptions, model: keras.Model, info: data.DatasetInfo,
@@ -102,12 +104,50 @@ def compute_line(model_options: ModelOptions, placement: Placement) -> str:
 
 
 def run_signature(placement: Placement, options: TrainOptions) -> str:
-    """What a checkpoint's data position and variables only fit: the towers,
-    the batch, the data and the model."""
-    return (
-        f"towers {','.join(placement.devices)}, batch {options.data.batch_size}, "
-        f"data {options.data.format}:{options.data.train_path}, model {options.model.model_name}, "
-        f"variables {options.model.variables}"
+    """What a checkpoint's data position and variables only fit, as JSON:
+    the towers, the batch, the data, the model, the variable mode, the
+    reducer and the compute dtype."""
+    return json.dumps({
+        "towers": ",".join(placement.devices),
+        "batch": options.data.batch_size,
+        "data": f"{options.data.format}:{options.data.train_path}",
+        "model": options.model.model_name,
+        "variables": options.model.variables,
+        "reducer": options.reducer.label,
+        "precision": options.model.compute_dtype,
+    })
+
+
+# How the resume message names each setting, as the argument that sets it.
+SIGNATURE_ARGUMENTS = {"towers": "devices", "batch": "batch_size", "data": "data",
+                       "model": "model", "variables": "variables", "reducer": "reducer",
+                       "precision": "mixed_precision"}
+
+
+def check_signature(path: str, saved: str, signature: str) -> None:
+    """Refuses to resume from `path`, written by a run whose signature was
+    `saved`, into this one (`signature`), unless they are the same; names
+    each setting that differs, as saved and as asked.
+
+    Raises:
+      UsageError: the settings differ (the checkpoints are fine and are left
+        as they are).
+    """
+    if saved == signature:
+        return
+    try:
+        before, now = json.loads(saved), json.loads(signature)
+    except ValueError:  # a checkpoint of an older engine: its text as it is
+        before, now = {"settings": saved}, {"settings": signature}
+    names = [key for key in now if before.get(key) != now.get(key)] or list(before)
+    was = ", ".join(f"{key} {before.get(key, '?')}" for key in names)
+    asked = ", ".join(f"{key} {now.get(key, '?')}" for key in names)
+    named = [f"<{SIGNATURE_ARGUMENTS[k]}>" for k in names if k in SIGNATURE_ARGUMENTS]
+    arguments = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    raise UsageError(
+        f"<resume>: {path} was written with {was}, and this run has {asked}; resume with "
+        f"the same {arguments or 'settings'}, or start afresh with another "
+        "<checkpoint_dir> (the checkpoints are left as they are)"
     )
 
 

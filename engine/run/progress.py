@@ -36,19 +36,22 @@ class EpochProgress:
     long epochs still show they are moving.
     """
 
-    def __init__(self, stream: TextIO = sys.stdout, interval: float | None = None):
+    def __init__(self, stream: TextIO = sys.stdout, interval: float | None = None,
+                 verbose: int = 1):
         self.stream = stream
         self.tty = stream.isatty()
         self.interval = interval if interval is not None else (0.5 if self.tty else 15.0)
+        self.verbose = verbose  # as Keras: 0 silent, 1 live lines, 2 a line per epoch
         self._last = 0.0
 
     def start(self, epoch: int, epochs: int) -> None:
-        print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
+        if self.verbose:
+            print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
         self._last = time.monotonic()
 
     def due(self) -> bool:
         """True when it is time for a live line; cheap enough to ask every step."""
-        return time.monotonic() - self._last >= self.interval
+        return self.verbose == 1 and time.monotonic() - self._last >= self.interval
 
     def update(self, step: int, steps: int, values: dict[str, float]) -> None:
         self._last = time.monotonic()
@@ -59,7 +62,13 @@ class EpochProgress:
             print(line, file=self.stream, flush=True)
 
     def end(self, steps: int, seconds: float, values: dict[str, float]) -> None:
+        if not self.verbose:
+            return
         per_step = 1000.0 * seconds / max(steps, 1)
+        if self.verbose == 2:
+            print(f"{steps}/{steps} - {seconds:.0f}s - {per_step:.0f}ms/step"
+                  + format_metrics(values), file=self.stream, flush=True)
+            return
         line = (
             f"{steps}/{steps} {bar(steps, steps)} {seconds:.0f}s {per_step:.0f}ms/step"
             + format_metrics(values)

@@ -6,27 +6,26 @@ Everything here takes option objects; nothing reads flags or the environment.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import tensorflow as tf
 
-from engine import data, errors, reducers
+from engine import data, errors
 from engine.core import loop
-from engine.errors import UsageError
 from engine.placement import report as placement_report
 from engine.placement.log import PlacementLog
-from engine.run.build import ModelOptions, Towers, build
+from engine.run import outputs
+from engine.run.build import Towers, build
 from engine.run.checkpoint import (
-    CheckpointError,
-    CheckpointOptions,
     Checkpoints,
     saveable_iterators,
+    saved_signature,
 )
-from engine.run.describe import describe, run_info, run_signature
+from engine.run.describe import check_signature, describe, run_info, run_signature
 from engine.run.guard import NonFiniteError, NonFiniteGuard
+from engine.run.options import TrainOptions
 from engine.run.progress import EpochProgress
 from engine.run.signals import GracefulStop, StopRequested
 from engine.run.summaries import Summaries
@@ -40,64 +39,6 @@ from engine.run.watchers import (
 from engine.topology.devices import Placement
 
 
-@dataclasses.dataclass(frozen=True)
-class PlacementOptions:
-    """What to record about placement.
-
-    Attributes:
-      log_path: JSON Lines file for the runtime placement of the first train
-        and eval steps, or None.
-      strict: stop after the first captured step if any tower op ran outside
-        its tower's device.
-      max_transfer_bytes: stop after the first captured train step if it
-        moved more bytes between devices than this.
-      timings: profile the second call of each captured step for the log's
-        timeline, memory and step analysis.
-    """
-
-    log_path: str | None = None
-    strict: bool = False
-    max_transfer_bytes: int | None = None
-    timings: bool = True
-
-    def __post_init__(self):
-        if self.max_transfer_bytes is not None and (
-            not isinstance(self.max_transfer_bytes, int) or self.max_transfer_bytes < 0
-        ):
-            raise UsageError(
-                f"<max_transfer_bytes={self.max_transfer_bytes}> is not a byte count; "
-                "give an integer >= 0"
-            )
-
-    @property
-    def capture(self) -> bool:
-        return self.log_path is not None or self.strict or self.max_transfer_bytes is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-    """Everything the CLI decided, in one place for `train`."""
-
-    data: data.DataOptions
-    model: ModelOptions
-    reducer: reducers.ReducerOptions
-    loop: loop.LoopOptions
-    placement: PlacementOptions = PlacementOptions()
-    checkpoints: CheckpointOptions = CheckpointOptions()
-    skip_nonfinite: bool = False
-    logdir: str | None = None
-    profile_steps: tuple[int, int] | None = None
-    choices: tuple = ()  # engine.run.choices.Choice: settings the run picked itself
-
-    def __post_init__(self):
-        per_loop = self.loop.steps_per_loop
-        if self.checkpoints.every % per_loop:
-            raise UsageError(
-                f"<checkpoint_every={self.checkpoints.every}> is not a multiple of "
-                f"<steps_per_loop={per_loop}>; checkpoints are saved between loops"
-            )
-
-
 def train(
     placement: Placement,
     options: TrainOptions,
@@ -107,6 +48,9 @@ def train(
     watchdog: Watchdog | None = None,
     towers: Towers | None = None,
     render: Callable[[str], str] = errors.render,
+    verbose: int = 1,
+    watchers: Sequence = (),
+    placement_summary: bool = True,
 ) -> list[dict]:
     """Builds the towers (unless given), restores a checkpoint if asked, and
     runs the loop until `options.loop.epochs` epochs are done in all.
@@ -122,6 +66,12 @@ def train(
       towers: towers built earlier (by `build`) to go on training.
       render: renders the argument markers of the header's choices
         (engine.errors.render: Python terms).
+      verbose: 0 prints nothing but warnings, 1 the header and a live
+        progress line, 2 the header and one line per epoch.
+      watchers: more of the loop's watchers (engine.core.loop.Watcher), after
+        the run's own; one whose `stop_training` turns true ends the run
+        after the epoch.
+      placement_summary: with a placement log, print its summary at the end.
 
     Returns:
       One record per epoch run here.
@@ -133,22 +83,34 @@ def train(
     """
     # Work that talks to other tasks runs under the watchdog's deadline.
     guard = watchdog.guard if watchdog else unguarded
+    signature = run_signature(placement, options)
+    if options.checkpoints.resume:
+        # Before anything is built: checkpoints of another run are refused
+        # as such, not tried one by one as if they were damaged.
+        saved = saved_signature(options.checkpoints.directory)
+        if saved is not None:
+            check_signature(*saved, signature)
     if towers is None:
         towers = guard(
             "building the towers", build,
             placement, options.data, options.model, options.reducer, info.val_size,
         )
     model = towers.step.model
-    print(render(describe(placement, options, model, info, towers.step.reducer)),
-          file=stream, flush=True)
 
     def say(message: str) -> None:
-        print(message, file=stream, flush=True)
+        if verbose:
+            print(message, file=stream, flush=True)
 
-    watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite, say=say)]
+    def warn(message: str) -> None:
+        print(f"warning: {render(message)}", file=stream, flush=True)
+
+    say(render(describe(placement, options, model, info, towers.step.reducer)))
+
+    run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite, say=say)]
     saver = None
     if options.checkpoints.directory:
-        signature = run_signature(placement, options)
+        outputs.check_room("checkpoint_dir", options.checkpoints.directory,
+                           state_bytes(towers.step.trackables()))
         run = tf.Variable(signature, trainable=False)
         state = {**towers.step.trackables(), "run": run,
                  "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
@@ -157,33 +119,27 @@ def train(
                 *saveable_iterators(placement.towers, towers.held_out.iterators),
                 towers.held_out.position,
             ]
-        checkpoints = Checkpoints(options.checkpoints, state, warn=lambda m: say(f"warning: {m}"))
+        checkpoints = Checkpoints(options.checkpoints, state, warn=warn)
         if options.checkpoints.resume:
             path = guard("restoring a checkpoint", checkpoints.restore)
-            saved = run.numpy().decode()
-            if path and saved != signature:
-                raise CheckpointError(
-                    f"<resume>: {path} was written by a run with {saved}; this run has "
-                    f"{signature}; resume with the same <devices>, <batch_size>, <data> "
-                    "and <model>"
-                )
             if path:
+                check_signature(path, run.numpy().decode(), signature)
                 say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
                     + replay_gpu_readers(placement, towers, say, guard))
             else:
-                say(f"--resume: no checkpoint in {options.checkpoints.directory} yet; "
-                    "starting from the beginning")
+                say(render(f"<resume>: no checkpoint in {options.checkpoints.directory} yet; "
+                    "starting from the beginning"))
         saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say, guard)
-        watchers.append(saver)
+        run_watchers.append(saver)
     summaries = None
     if options.logdir:
         summaries = Summaries(
             options.logdir, options.profile_steps, int(towers.step.global_step.numpy()),
             options.loop.steps_per_loop,
         )
-        watchers.append(summaries)
+        run_watchers.append(summaries)
     if stop is not None:
-        watchers.append(SignalWatcher(stop, options.loop))
+        run_watchers.append(SignalWatcher(stop, options.loop))
 
     log = None
     call = loop.plain_call
@@ -204,9 +160,9 @@ def train(
             towers.train_iterators,
             towers.held_out,
             options.loop,
-            EpochProgress(stream),
+            EpochProgress(stream, verbose=verbose),
             call,
-            watchers,
+            [*run_watchers, *watchers],
         )
     except StopRequested as stopped:
         stopped.checkpoint = saver.save(stopped.step) if saver else None
@@ -218,14 +174,28 @@ def train(
         if summaries:
             summaries.close()
     if options.placement.log_path:
-        print(placement_report.summary(log.entries), file=stream)
+        if placement_summary:
+            say(placement_report.summary(log.entries))
         for note in log.notes:
-            print(f"placement log: {note}", file=stream)
-        print(f"placement log: {options.placement.log_path}", file=stream, flush=True)
+            say(f"placement log: {note}")
+        say(f"placement log: {options.placement.log_path}")
         if options.logdir:
             from engine.placement import tensorboard
 
             written = tensorboard.write(options.logdir, log.metadata, log.entries)
-            print(f"placement in TensorBoard: {written} (Graphs, tag placement/train; "
-                  "Color: Device or Compute time)", file=stream, flush=True)
+            say(f"placement in TensorBoard: {written} (Graphs, tag placement/train; "
+                "Color: Device or Compute time)")
     return history
+
+
+def state_bytes(trackables: dict) -> int:
+    """The bytes of every variable a checkpoint of `trackables` holds (an
+    optimizer's slots included)."""
+    seen, total = set(), 0
+    for value in tf.nest.flatten(list(trackables.values())):
+        variables = getattr(value, "variables", None)
+        for variable in (variables if isinstance(variables, list) else [value]):
+            if isinstance(variable, tf.Variable) and id(variable) not in seen:
+                seen.add(id(variable))
+                total += int(variable.shape.num_elements() or 0) * variable.dtype.size
+    return total

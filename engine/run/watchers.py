@@ -4,7 +4,7 @@ signals, and the replay that puts GPU readers back after a restore."""
 from __future__ import annotations
 
 from engine import data
-from engine.core import loop
+from engine.core.options import LoopOptions
 from engine.run.build import Towers
 from engine.run.checkpoint import Checkpoints, replay
 from engine.run.signals import GracefulStop
@@ -49,7 +49,7 @@ class SignalWatcher:
     inside an epoch, or after an epoch's evaluation, metrics and checkpoint.
     A signal during the last epoch's end lets the finished run finish."""
 
-    def __init__(self, stop: GracefulStop, options: loop.LoopOptions):
+    def __init__(self, stop: GracefulStop, options: LoopOptions):
         self.stop = stop
         self.options = options
 

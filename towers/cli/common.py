@@ -3,19 +3,25 @@ TensorFlow import."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from engine.errors import RunError, TowerError, render
 
-__all__ = ["OneLineCommand", "OneLineGroup", "UsageFailure", "check_output_dir",
-           "check_output_path", "fail", "flags_of", "import_tensorflow", "render"]
+__all__ = ["GroupedCommand", "OneLineCommand", "OneLineGroup", "UsageFailure", "check_output_dir",
+           "check_output_path", "fail", "flags_of", "import_tensorflow", "render", "version"]
 
 
 class UsageFailure(Exception):
     """Bad input: printed as one line, exit code 2."""
+
+
+def version() -> str:
+    """This package's version, as installed (towers.__version__)."""
+    from towers import __version__
+
+    return __version__
 
 
 def fail(prog: str, message: str, code: int = 2) -> None:
@@ -62,54 +68,61 @@ class OneLineCommand(OneLineErrors, click.Command):
     pass
 
 
+class GroupedCommand(OneLineCommand):
+    """A command whose `--help` lists its options by concern.
+
+    Args:
+      sections: title -> the names of the options under it, in order; an
+        option in none of them is listed last, under "Other".
+    """
+
+    def __init__(self, *args, sections: dict[str, list[str]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sections = sections
+
+    def format_options(self, ctx, formatter) -> None:
+        help_option = self.get_help_option(ctx)
+        records = {("help" if param is help_option else param.name):
+                   param.get_help_record(ctx) for param in self.get_params(ctx)}
+        placed = {name for names in self.sections.values() for name in names}
+        groups = [(title, names) for title, names in self.sections.items()]
+        groups.append(("Other", [name for name in records if name not in placed]))
+        for title, names in groups:
+            rows = [records[name] for name in names if records.get(name)]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
 class OneLineGroup(OneLineErrors, click.Group):
     pass
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow and the DALI plugin without their C++ start-up chatter.
+    """Imports TensorFlow and the DALI plugin without their C++ start-up
+    chatter (engine.quiet); a user who sets TF_CPP_MIN_LOG_LEVEL sees it."""
+    from engine import quiet
 
-    TensorFlow and the plugin log CUDA probing and CPU features to fd 2 before
-    TF_CPP_MIN_LOG_LEVEL takes effect, so fd 2 is pointed at /dev/null for the
-    imports alone. A user who sets TF_CPP_MIN_LOG_LEVEL sees everything.
-    """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        import nvidia.dali.plugin.tf  # noqa: F401
-        import tensorflow  # noqa: F401
-
-        return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import nvidia.dali.plugin.tf  # noqa: F401
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    quiet.import_quietly()
 
 
 def check_output_path(flag: str, path: str | None) -> None:
-    """Refuses, before any work, an output file that could not be written."""
-    if not path:
-        return
-    if os.path.isdir(path):
-        raise UsageFailure(f"{flag} {path!r} is a directory; give a file name")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UsageFailure(f"{flag} {path!r}: its directory does not exist")
-    existed = os.path.exists(path)
-    try:
-        open(path, "a").close()  # appending writes nothing: what is there stays
-    except OSError as err:
-        raise UsageFailure(f"{flag} {path!r} cannot be written: {err.strerror}")
-    if not existed:
-        os.remove(path)
+    """Refuses, before any work, an output file that could not be written
+    (engine.run.outputs.check_file, in flag terms)."""
+    _in_flag_terms(flag, "check_file", path)
 
 
 def check_output_dir(flag: str, path: str | None) -> None:
-    """Refuses, before any work, an output directory that is a file."""
-    if path and os.path.exists(path) and not os.path.isdir(path):
-        raise UsageFailure(f"{flag} {path!r} is a file; give a directory")
+    """Refuses, before any work, an output directory that is a file or could
+    not be made (engine.run.outputs.check_directory, in flag terms)."""
+    _in_flag_terms(flag, "check_directory", path)
+
+
+def _in_flag_terms(flag: str, check: str, path: str | None) -> None:
+    from engine.run import outputs
+
+    name = flag.lstrip("-").replace("-", "_")
+    try:
+        getattr(outputs, check)(name, path)
+    except TowerError as err:
+        raise UsageFailure(err.render({name: flag})) from None

@@ -17,27 +17,39 @@ import click
 
 from engine.errors import RunError, TowerError
 from towers.cli import common
-from towers.cli.common import (
-    OneLineCommand,
-    UsageFailure,
-    check_output_dir,
-    check_output_path,
-)
-from towers.cli.train_flags import options
+from towers.cli.common import GroupedCommand, UsageFailure
+from towers.cli.train_flags import SECTIONS, options
 from towers.trainer import Trainer
 
 
-@click.command(name="tower-train", cls=OneLineCommand)
+@click.command(name="tower-train", cls=GroupedCommand, sections=SECTIONS,
+               context_settings={"help_option_names": ["-h", "--help"]})
 @options
+@click.version_option(common.version(), "--version", prog_name="tower-train",
+                      message="%(prog)s %(version)s")
 def tower_train(**flags):
     """Train a model with one explicit tower per device."""
     debug = flags.pop("debug") or os.environ.get("TOWER_TRAIN_DEBUG") == "1"
+    save_model = flags.pop("save_model")
+    if flags.pop("verbose"):
+        from engine import quiet
+
+        quiet.quiet_tensorflow(verbose=True)
     try:
         arguments, fit_arguments = _arguments(flags)
+        common.check_output_path("--save-model", save_model if _is_file(save_model) else None)
+        common.check_output_dir("--save-model", None if _is_file(save_model) else save_model)
         trainer = _trainer(arguments)
         _fit(trainer, fit_arguments)
+        if save_model:
+            click.echo(f"tower-train: model saved: {trainer.save(save_model)}")
     except TowerError as err:
         _report(err, debug)
+
+
+def _is_file(path: str | None) -> bool:
+    """A Keras model file (`.keras`), not a SavedModel folder."""
+    return bool(path) and path.endswith(".keras")
 
 
 def _arguments(flags: dict) -> tuple[dict, dict]:
@@ -51,12 +63,11 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     flags["mixed_precision"] = {None: False, "auto": True}.get(
         flags["mixed_precision"], flags["mixed_precision"])
     fit["profile_steps"] = parse_profile_steps(fit["profile_steps"])
-    _setup.check_fit(flags["variables"], fit["check_replicas"], fit["profile_steps"],
-                     fit["logdir"])
-    for flag, path in (("--metrics", fit["metrics"]), ("--placement-log", fit["placement_log"])):
-        check_output_path(flag, path)
-    for flag, path in (("--checkpoint-dir", fit["checkpoint_dir"]), ("--logdir", fit["logdir"])):
-        check_output_dir(flag, path)
+    reducer = _setup.reducer_options(flags["reducer"], group_size=flags["group_size"],
+                                     pack_bytes=flags["pack_bytes"], compress=flags["compress"],
+                                     topology=flags["topology"])
+    _setup.check_fit(reducer, flags["variables"],
+                     **{k: v for k, v in fit.items() if k not in CLI_FIT_FLAGS})
     path, data_format, pipeline, classes, seq_len, samples = (
         flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes",
                                "seq_len", "synthetic_samples"))
@@ -95,11 +106,15 @@ FIT_FLAGS = (
     "strict_placement", "max_transfer_bytes", "logdir", "profile_steps", "skip_nonfinite",
     "check_replicas",
 )
+# fit's arguments that only the command line has.
+CLI_FIT_FLAGS = ()
 
 
 def _trainer(arguments: dict) -> Trainer:
     if arguments["log_device_placement"]:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # TF prints it as INFO
+        from engine import quiet
+
+        quiet.quiet_tensorflow(verbose=True)  # TF prints the placement as INFO
     if _names_user_code(arguments):
         # The Trainer loads user code while it checks its arguments, and user
         # code imports TensorFlow: import it quietly first.
@@ -119,7 +134,9 @@ class CliTrainer(Trainer):
 
     def _before_tensorflow(self) -> None:
         # Bad arguments are refused in a fraction of a second, before the
-        # seconds TensorFlow takes to import; then it is imported quietly.
+        # seconds TensorFlow takes to import; then it is imported quietly,
+        # and the user is told what the wait is.
+        self._say("starting TensorFlow ...")
         common.import_tensorflow()
 
     def _say(self, message: str) -> None:
@@ -144,7 +161,7 @@ def _fit(trainer, arguments: dict) -> None:
 
     try:
         with GracefulStop() as stop:
-            trainer.fit(**arguments, stop=stop)
+            trainer.fit(**arguments, stop=stop, placement_summary=True)
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "

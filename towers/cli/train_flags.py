@@ -19,6 +19,26 @@ def options(command):
     return command
 
 
+# `--help` shows the flags in these groups, in this order (towers.cli.common.GroupedCommand).
+SECTIONS = {
+    "Devices": ["devices", "gpu_memory", "reduce_device"],
+    "Data": ["data_path", "data_format", "seq_len", "image_size", "num_classes",
+             "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
+    "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "seed"],
+    "Training": ["batch_size", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
+                 "skip_nonfinite", "deterministic", "metrics", "save_model"],
+    "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
+                  "check_reducer", "check_replicas"],
+    "Precision and speed": ["xla", "mixed_precision"],
+    "Checkpoints": ["checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume"],
+    "Placement log and profiling": ["placement_log", "strict_placement",
+                                    "max_transfer_bytes", "log_device_placement", "logdir",
+                                    "profile_steps"],
+    "Cluster": ["cluster", "connect_timeout", "step_timeout"],
+    "Output": ["verbose", "debug", "version", "help"],
+}
+
+
 _OPTIONS = [
     click.option(
         "--devices",
@@ -38,8 +58,9 @@ _OPTIONS = [
     click.option(
         "--reduce-device",
         default=None,
-        help="Where variables live and gradients are averaged. Default /cpu:0: host "
-        "memory every tower reaches alike, present on every machine.",
+        help="Where variables live and gradients are averaged. Default: the first "
+        "tower's GPU when every tower is a GPU (no weight or gradient crosses the "
+        "host), else /cpu:0 (host memory every tower reaches alike).",
     ),
     click.option(
         "--data",
@@ -109,6 +130,13 @@ _OPTIONS = [
         help="mlp, lenet, resnet20 (CIFAR ResNet, 32x32x3), resnet50 (224x224x3), "
         "transformer[:layers=2,width=128,heads=4] (byte-level language model, with "
         "--data-format text), or package.module:function returning a Keras model.",
+    ),
+    click.option(
+        "--from-logits",
+        is_flag=True,
+        help="Your --model outputs logits (no softmax at its end): the loss takes "
+        "them as such, as Keras' from_logits=True. Without it, a model whose outputs "
+        "are not probabilities is refused before the first step.",
     ),
     click.option(
         "--batch-size",
@@ -354,6 +382,20 @@ _OPTIONS = [
         type=float,
         help="With a cluster: seconds a step may take before the run stops "
         "and names the tasks that do not answer.",
+    ),
+    click.option(
+        "--save-model",
+        default=None,
+        metavar="PATH",
+        help="After training, write the model where it loads without this package: "
+        "PATH.keras as a Keras model file (keras.models.load_model), any other PATH "
+        "as a TensorFlow SavedModel (tf.saved_model.load).",
+    ),
+    click.option(
+        "--verbose",
+        is_flag=True,
+        help="Also show TensorFlow's own C++ logs (kept off the terminal otherwise, "
+        "unless TF_CPP_MIN_LOG_LEVEL is set).",
     ),
     click.option(
         "--debug",

@@ -31,8 +31,8 @@ from towers.models.resnet import resnet20, resnet50
 from towers.models.small import lenet, mlp
 from towers.models.transformer import transformer
 
-__all__ = ["ZOO", "ModelError", "builder", "default_input_shape", "lenet", "mlp",
-           "model_name", "resnet20", "resnet50", "resolve", "transformer"]
+__all__ = ["ZOO", "ModelError", "builder", "default_input_shape", "input_kind", "lenet",
+           "mlp", "model_name", "resnet20", "resnet50", "resolve", "transformer"]
 
 
 class ModelError(UsageError):
@@ -43,6 +43,9 @@ ZOO: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp, "lenet": lenet, "resnet20": resnet20, "resnet50": resnet50,
     "transformer": transformer,
 }
+# What each reads: images [B, H, W, C] or byte sequences [B, T].
+for _name, _function in ZOO.items():
+    _function.reads = "sequences" if _name == "transformer" else "images"
 MODEL_CONTRACT = (
     "a model function takes input_shape and num_classes (each optional, by "
     "those names) and returns a keras.Model"
@@ -92,6 +95,7 @@ def _with_parameters(spec: str, function: Callable) -> Callable:
              if p.kind == p.KEYWORD_ONLY}
     bound = functools.partial(function, **spec_arguments(spec, valid, ModelError, "model"))
     bound.default_input_shape = getattr(function, "default_input_shape", None)
+    bound.reads = getattr(function, "reads", None)
     return bound
 
 
@@ -152,6 +156,16 @@ def model_name(model: str | Callable[..., keras.Model]) -> str:
     """How checkpoints and messages name `model`: the name or spec as given,
     else the function's label."""
     return model if isinstance(model, str) else label(model)
+
+
+def input_kind(model: str | Callable[..., keras.Model]) -> str | None:
+    """What `model` reads, `"images"` or `"sequences"`, for the zoo's models
+    (their function's `reads`); None when it does not say (a user's model).
+
+    Raises:
+      ModelError: as `resolve`.
+    """
+    return getattr(resolve(model), "reads", None)
 
 
 def default_input_shape(model: str | Callable[..., keras.Model]) -> tuple[int, int, int] | None:

@@ -1,0 +1,197 @@
+"""The options of the step and its loop: what to train, and how long.
+
+Frozen, keyword-only dataclasses; each rule about an argument lives in its
+class's `__post_init__`, with an error that names the argument. Nothing here
+imports TensorFlow, so a run's arguments are checked before it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from engine.errors import UsageError
+from engine.userfn import label
+
+__all__ = ["COMPUTE_DTYPES", "LoopOptions", "ModelOptions", "OPTIMIZERS", "VARIABLE_MODES",
+           "default_learning_rate"]
+
+# Where the variables live: one copy on the reduce device, or one per tower
+# (engine.core.variables).
+VARIABLE_MODES = ("reduce-device", "replicated")
+# What the layers compute in (engine.core.precision).
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _keras_optimizer(name: str, **arguments):
+    def make(learning_rate: float):
+        import keras
+
+        return getattr(keras.optimizers, name)(learning_rate, **arguments)
+
+    return make
+
+
+# The named optimizers: each makes a new Keras optimizer for a learning rate.
+OPTIMIZERS = {
+    "sgd": _keras_optimizer("SGD"),
+    "momentum": _keras_optimizer("SGD", momentum=0.9),
+    "adam": _keras_optimizer("Adam"),
+    "rmsprop": _keras_optimizer("RMSprop"),
+}
+
+# Learning rates tuned for a batch of 32, and how each optimizer scales with
+# the global batch (sum over towers): adaptive optimizers by the square root
+# of the batch ratio, plain SGD linearly (Goyal et al., 2017).
+BASE_BATCH = 32
+BASE_LEARNING_RATES = {"sgd": 0.01, "momentum": 0.01, "adam": 1e-3, "rmsprop": 1e-3}
+LINEAR_SCALING = ("sgd", "momentum")
+
+
+def default_learning_rate(optimizer: str, global_batch: int) -> tuple[float, str]:
+    """The learning rate used when --lr is not given, and how it was derived."""
+    base = BASE_LEARNING_RATES[optimizer]
+    ratio = global_batch / BASE_BATCH
+    if optimizer in LINEAR_SCALING:
+        return base * ratio, f"{base:g} x {global_batch}/{BASE_BATCH}"
+    return base * ratio**0.5, f"{base:g} x sqrt({global_batch}/{BASE_BATCH})"
+
+
+Optimizer = str | Callable  # a name of OPTIMIZERS, or a function returning an optimizer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+    """How long to train and how often to look.
+
+    Attributes:
+      epochs: number of epochs.
+      steps_per_epoch: training steps per epoch (one step = one batch per tower).
+      eval_steps: held-out batches per tower after each epoch; 0 skips it.
+      metrics_path: file that gets one JSON line per epoch, or None.
+      check_replicas: with replicated variables, compare the copies every this
+        many steps (0: never) and stop if they differ by more than
+        `replica_tolerance`.
+      steps_per_loop: training steps per call of the compiled step (Orbit's
+        `steps_per_loop`, Keras' `steps_per_execution`): the host dispatches
+        and looks at the run (progress, checkpoints, signals, the
+        non-finite guard) once per loop, which ends early at an epoch's end
+        or a non-finite step.
+    """
+
+    epochs: int
+    steps_per_epoch: int
+    eval_steps: int
+    metrics_path: str | None = None
+    check_replicas: int = 0
+    replica_tolerance: float = 1e-6
+    steps_per_loop: int = 1
+
+    def __post_init__(self):
+        for name in ("epochs", "steps_per_epoch"):
+            value = getattr(self, name)
+            if value < 1:
+                raise UsageError(f"<{name}> ({value}) must be a positive integer")
+        if self.eval_steps < 0:
+            raise UsageError(f"<eval_steps> ({self.eval_steps}) must be 0 or more")
+        if self.check_replicas < 0:
+            raise UsageError(f"<check_replicas> ({self.check_replicas}) must be 0 or more")
+        if self.steps_per_loop < 1:
+            raise UsageError(
+                f"<steps_per_loop> ({self.steps_per_loop}) must be a positive integer"
+            )
+        if self.check_replicas % self.steps_per_loop:
+            raise UsageError(
+                f"<check_replicas={self.check_replicas}> is not a multiple of "
+                f"<steps_per_loop={self.steps_per_loop}>; the replicas are compared "
+                "between loops"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """What to train and how.
+
+    Attributes:
+      model: builds the model: called with `input_shape` and `num_classes`
+        (towers.models.builder makes one from a zoo name, a spec or a user
+        function), once per variable copy.
+      model_name: how messages and checkpoints name the model; default: the
+        function's label.
+      optimizer: one of OPTIMIZERS (with `learning_rate`), or a function
+        that returns a new Keras optimizer (called once per variable copy).
+      learning_rate: the learning rate of an OPTIMIZERS optimizer.
+      loss: the loss (engine.core.losses.per_sample): None for cross-entropy
+        of softmax outputs, a `keras.losses.Loss`, or a per-sample function.
+      from_logits: the default loss takes logits instead (Keras'
+        `from_logits=True`).
+      seed: seeds model initialisation and dropout (DALI gets its own seeds).
+      learning_rate_note: how a default learning rate was derived, for the log.
+      variables: `reduce-device` (one copy, on the reduce device) or
+        `replicated` (a copy per tower, kept identical).
+      compute_dtype: what the layers compute in: `float32`, or with mixed
+        precision `bfloat16` (CPU towers) or `float16` (GPU towers, with
+        dynamic loss scaling). Variables and the loss stay float32.
+      xla: compile with XLA (engine.core.step.TowerStep); the variables
+        must be on the towers' devices (engine.core.variables.check_xla).
+
+    Raises:
+      UsageError: naming the argument, its value and what would be valid.
+    """
+
+    model: Callable
+    model_name: str = ""
+    optimizer: Optimizer = "adam"
+    learning_rate: float = 1e-3
+    loss: object = None
+    from_logits: bool = False
+    seed: int = 0
+    learning_rate_note: str = ""
+    variables: str = "reduce-device"
+    compute_dtype: str = "float32"
+    xla: bool = False
+
+    def __post_init__(self):
+        if not self.model_name:
+            object.__setattr__(self, "model_name", label(self.model))
+        if not callable(self.optimizer) and self.optimizer not in OPTIMIZERS:
+            raise UsageError(
+                f"<optimizer> {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)} "
+                "or a function that returns a Keras optimizer"
+            )
+        if self.from_logits and self.loss is not None:
+            raise UsageError(
+                "<from_logits=True> is for the default loss; a <loss> of your own says "
+                "itself what it takes (keras.losses.SparseCategoricalCrossentropy("
+                "from_logits=True), for one)"
+            )
+        if not self.learning_rate > 0:
+            raise UsageError(f"<learning_rate> ({self.learning_rate}) must be positive")
+        if self.variables not in VARIABLE_MODES:
+            raise UsageError(
+                f"<variables> {self.variables!r} is not one of {', '.join(VARIABLE_MODES)}"
+            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise UsageError(
+                f"<compute_dtype> {self.compute_dtype!r} is not one of "
+                f"{', '.join(COMPUTE_DTYPES)}"
+            )
+
+    @property
+    def optimizer_name(self) -> str:
+        """The optimizer as the run's header names it."""
+        return self.optimizer if isinstance(self.optimizer, str) else label(self.optimizer)
+
+    def make_optimizer(self):
+        """A new Keras optimizer, for one variable copy."""
+        import keras
+
+        if isinstance(self.optimizer, str):
+            return OPTIMIZERS[self.optimizer](self.learning_rate)
+        optimizer = self.optimizer()
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise UsageError(
+                f"<optimizer> {self.optimizer_name!r} returned {type(optimizer).__name__}, "
+                "not a keras.optimizers.Optimizer"
+            )
+        return optimizer

@@ -1,0 +1,106 @@
+"""The files and folders a run will write, checked before its first step.
+
+A run that can only fail at its end (a metrics file in a folder that does
+not exist, a checkpoint folder under a file, a disk too full for a
+checkpoint) is refused before it starts, naming the argument, so that no
+epoch is trained for nothing. Nothing here writes: a folder that does not
+exist yet is checked for whether it could be made, and left to be made by
+what writes into it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from engine.errors import UsageError
+
+__all__ = ["check_directory", "check_file", "check_room"]
+
+
+def _existing_ancestor(path: str) -> str:
+    """The nearest part of `path` (itself included) that exists."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    return here
+
+
+def check_file(argument: str, path: str | None) -> None:
+    """Refuses a file that could not be appended to (a run adds lines to it).
+
+    Raises:
+      UsageError: `path` is a folder, its folder does not exist, or it
+        cannot be opened for appending.
+    """
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"<{argument}> {path!r} is a directory; give a file name")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UsageError(f"<{argument}> {path!r}: its directory does not exist")
+    existed = os.path.exists(path)
+    try:
+        open(path, "a").close()  # appending writes nothing: what is there stays
+    except OSError as err:
+        raise UsageError(f"<{argument}> {path!r} cannot be written: {err.strerror}") from None
+    if not existed:
+        os.remove(path)
+
+
+def check_directory(argument: str, path: str | None) -> None:
+    """Refuses a folder that is a file, or that could not be made or written.
+
+    Raises:
+      UsageError: naming the argument, the path and what is in the way.
+    """
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"<{argument}> {path!r} is a file; give a directory")
+    ancestor = _existing_ancestor(path)
+    if not os.path.isdir(ancestor):
+        raise UsageError(
+            f"<{argument}> {path!r} cannot be created: {ancestor} is a file, not a "
+            "directory; give a directory path"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        what = "written" if ancestor == os.path.abspath(path) else "created"
+        raise UsageError(
+            f"<{argument}> {path!r} cannot be {what}: {ancestor} is not writable; "
+            "give a directory you can write"
+        )
+
+
+def check_room(argument: str, path: str, needed_bytes: int, free_bytes: int | None = None) -> None:
+    """Refuses a folder whose disk has less room than `needed_bytes` (one
+    checkpoint's variables, say) and a tenth more for the files around them.
+
+    Args:
+      argument: the argument that named the folder.
+      path: the folder (it may not exist yet: its disk is its nearest
+        existing parent's).
+      needed_bytes: what one write will need.
+      free_bytes: the free room, for a check by hand; default: the disk's.
+
+    Raises:
+      UsageError: naming the argument, both sizes and the fix.
+    """
+    if free_bytes is None:
+        free_bytes = shutil.disk_usage(_existing_ancestor(path)).free
+    if free_bytes < needed_bytes * 1.1:
+        raise UsageError(
+            f"<{argument}> {path!r}: a checkpoint needs about {_size(needed_bytes)} and its "
+            f"disk has {_size(free_bytes)} free; free some room or give a directory on "
+            "another disk"
+        )
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
