@@ -200,7 +200,8 @@ def run_engine(config: dict) -> list[float]:
         variables=copies,
         placement=placement,
         reducer=reducers.build(reducers.ReducerOptions(
-            config.get("reducer", "central"), pack_bytes=config.get("pack_bytes", 0)), placement),
+            name=config.get("reducer", "central"), pack_bytes=config.get("pack_bytes", 0)),
+            placement),
         xla=config.get("xla", False),
     )
     if config["kind"].endswith("-memory"):

@@ -105,7 +105,7 @@ def test_a_wrong_traffic_figure_fails_naming_each_device():
     ("central", 6), ("ring", 3), ("tree", 3), ("hierarchical", 0), ("collective", 0),
 ])
 def test_built_ins_pass_and_central_ring_tree_have_their_bytes_checked(name, traffic_rows):
-    options = ReducerOptions(name, group_size=2)
+    options = ReducerOptions(name=name, group_size=2)
     rows = conformance.check(PerPlacement(lambda p: reducers.build(options, p)),
                              DEVICES[:4], tower_counts=[1, 3, 4],
                              dtypes=[tf.float32, tf.float16])

@@ -43,7 +43,7 @@ def hand_topology(cores=1.0, alpha=1e-5, beta=0.0, gamma=3e-10, call=1e-4,
 @pytest.mark.parametrize("name", ["central", "ring", "tree"])
 def test_a_schedule_sends_the_bytes_of_the_reducers_traffic_figure(name):
     devices = DEVICES[:3]
-    reducer = reducers.build(reducers.ReducerOptions(name), placement_of(devices))
+    reducer = reducers.build(reducers.ReducerOptions(name=name), placement_of(devices))
     elements = 12 * 1024
     traced = schedule.trace_reduction(reducer, devices, devices, [elements])
     assert traced.sent_per_device() == reducer.traffic(devices, devices, 4 * elements)
@@ -256,7 +256,7 @@ def auto_topology(devices):
 
 def test_auto_chooses_by_size_and_returns_the_mean():
     devices = DEVICES[:4]
-    auto = reducers.build(reducers.ReducerOptions("auto", topology=auto_topology(devices)),
+    auto = reducers.build(reducers.ReducerOptions(name="auto", topology=auto_topology(devices)),
                           placement_of(devices))
     context = reducers.ReducerContext(shapes=((10,), (4 * MB,)),
                                       dtypes=(tf.float32, tf.float32),

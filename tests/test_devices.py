@@ -90,8 +90,12 @@ def test_explicit_names_mix_with_indices():
     assert [(t.index, t.num_towers) for t in placement.towers] == [(0, 2), (1, 2)]
 
 
-def test_reduce_device_defaults_to_host_cpu():
-    assert resolve(parse_request("0,1"), GPU4).reduce_device == "/cpu:0"
+def test_reduce_device_defaults_to_the_first_gpu_tower_else_host_cpu():
+    """Every tower a local GPU: the first tower's GPU; any CPU or remote tower: /cpu:0."""
+    assert resolve(parse_request("0,1"), GPU4).reduce_device == "/gpu:0"
+    assert resolve(parse_request("2,1"), GPU4).reduce_device == "/gpu:2"
+    assert resolve(parse_request("/gpu:0,/cpu:0"), GPU4).reduce_device == "/cpu:0"
+    assert resolve(parse_request("0,1", "/cpu:0"), GPU4).reduce_device == "/cpu:0"
 
 
 @pytest.mark.parametrize(

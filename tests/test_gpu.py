@@ -41,7 +41,7 @@ def test_every_reducer_gives_the_mean_between_logical_gpus(name, reduce_device):
     placement_ = logical_placement(reduce_device)
     rng = np.random.default_rng(7)
     arrays = [[rng.normal(size=(33, 5)), rng.normal(size=(7,))] for _ in LOGICAL]
-    reducer = reducers.build(reducers.ReducerOptions(name, group_size=2), placement_)
+    reducer = reducers.build(reducers.ReducerOptions(name=name, group_size=2), placement_)
     for destinations in (LOGICAL, [reduce_device]):
         rows = conformance.check_call(reducer, arrays, LOGICAL, destinations, tf.float32)
         conformance.assert_all_passed(rows)
@@ -57,7 +57,7 @@ def train_100_steps(mnist_dir, reducer, variables):
     towers = train.build(logical_placement(), data_options,
                          ModelOptions(model=models.builder("mlp"), learning_rate=2e-3,
                                             variables=variables),
-                         reducers.ReducerOptions(reducer), info.val_size)
+                         reducers.ReducerOptions(name=reducer), info.val_size)
     options = LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
                                eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
     with open("/dev/null", "w") as quiet:
@@ -95,7 +95,7 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
     try:
         rows = conformance.check(
             conformance.PerPlacement(
-                lambda p: reducers.build(reducers.ReducerOptions(name), p)),
+                lambda p: reducers.build(reducers.ReducerOptions(name=name), p)),
             LOGICAL, reduce_device="/cpu:0", dtypes=(tf.float32,),
             shapes=((33, 5), (7,), ()), kinds=kinds)
     finally:

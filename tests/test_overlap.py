@@ -36,7 +36,7 @@ def bucket_of(name: str) -> int | None:
 @pytest.mark.parametrize("name", ["ring", "collective"])
 def test_each_device_launches_bucket_reductions_in_one_order(name):
     p = placement_of(3)
-    reducer = reducers.build(ReducerOptions(name, pack_bytes=1), p)  # one bucket each
+    reducer = reducers.build(ReducerOptions(name=name, pack_bytes=1), p)  # one bucket each
     shapes = [[5, 3], [3], [3, 2], [2]]
     values = [[tf.constant(np.full(s, k + 1.0, np.float32)) for s in shapes] for k in range(3)]
     grads = []
@@ -89,7 +89,7 @@ def test_first_bucket_is_reduced_while_the_first_layer_is_still_backward():
         ])
 
     variables = ReduceDeviceVariables(model, lambda: keras.optimizers.SGD(0.01), p)
-    reducer = reducers.build(ReducerOptions("central", pack_bytes=1), p)
+    reducer = reducers.build(ReducerOptions(name="central", pack_bytes=1), p)
     iterators = []
     for tower in p.towers:
         with tf.device(tower.device):

@@ -287,7 +287,7 @@ def tiny_step(towers, reduce_device, optimizer, reducer="central"):
         lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")]),
         optimizer, placement_)
     step = TowerStep(variables=variables, placement=placement_,
-                     reducer=reducers.build(reducers.ReducerOptions(reducer), placement_))
+                     reducer=reducers.build(reducers.ReducerOptions(name=reducer), placement_))
     iterators = []
     for tower in placement_.towers:
         with tf.device(tower.device):

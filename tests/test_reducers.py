@@ -46,7 +46,7 @@ class BuiltInContract(conformance.ReducerTestBase):
         self.name = request.param
 
     def make_reducer(self, placement):
-        options = ReducerOptions(self.name, group_size=3, pack_bytes=self.pack_bytes)
+        options = ReducerOptions(name=self.name, group_size=3, pack_bytes=self.pack_bytes)
         return reducers.build(options, placement)
 
 
@@ -73,7 +73,7 @@ def test_hierarchical_groups():
 def test_compression_narrows_transfers_and_keeps_the_mean(name, compress, dtype):
     p = placement_of(3, "/cpu:0", first=1)  # towers /cpu:1..3
     arrays = [[np.full((6,), k + 1.0)] for k in range(3)]
-    reducer = reducers.build(ReducerOptions(name, compress=compress), p)
+    reducer = reducers.build(ReducerOptions(name=name, compress=compress), p)
     destinations = list(p.devices)
     rows = conformance.check_call(reducer, arrays, p.devices, destinations, tf.float32)
     conformance.assert_all_passed(rows)  # the exact mean: 1, 2, 3 fit in fp16
@@ -96,7 +96,7 @@ def reduction_transfers(reducer, devices, destinations, size):
 def test_ring_and_tree_send_2_n_minus_1_over_n_per_device(name, n):
     size = 840 * n  # float32 elements, divisible into n chunks
     p = placement_of(n)
-    reducer = reducers.build(ReducerOptions(name), p)
+    reducer = reducers.build(ReducerOptions(name=name), p)
     sent = reduction_transfers(reducer, p.devices, list(p.devices), size)
     per_device = {d: sum(t["bytes"] for t in sent if t["src"] == d) for d in p.devices}
     ideal = 2 * (n - 1) * 4 * size // n
@@ -107,7 +107,7 @@ def test_ring_and_tree_send_2_n_minus_1_over_n_per_device(name, n):
 def test_central_reduce_device_receives_n_times_the_gradient():
     p = placement_of(4, "/cpu:0", first=1)  # towers /cpu:1..4, reduce /cpu:0
     size = 1000
-    reducer = reducers.build(ReducerOptions("central"), p)
+    reducer = reducers.build(ReducerOptions(name="central"), p)
     sent = reduction_transfers(reducer, p.devices, ["/cpu:0"], size)
     received = {}
     for t in sent:
@@ -120,7 +120,7 @@ def test_central_reduce_device_receives_n_times_the_gradient():
 def test_hierarchical_only_leaders_cross_groups():
     p = placement_of(4)
     size = 1000
-    sent = reduction_transfers(reducers.build(ReducerOptions("hierarchical", group_size=2), p),
+    sent = reduction_transfers(reducers.build(ReducerOptions(name="hierarchical", group_size=2), p),
                      p.devices, list(p.devices), size)
     pairs = {(t["src"], t["dst"]) for t in sent}
     # members 1 and 3 talk only to their leaders 0 and 2; the leaders talk to each other
@@ -131,7 +131,7 @@ def test_hierarchical_only_leaders_cross_groups():
 
 def test_nccl_refuses_cpu_towers_with_a_clear_error():
     with pytest.raises(ReducerError) as err:
-        reducers.build(ReducerOptions("nccl"), placement_of(2))
+        reducers.build(ReducerOptions(name="nccl"), placement_of(2))
     assert flag_message(err.value) == (
         "--reducer nccl needs GPU towers (NCCL runs on NVIDIA GPUs); /cpu:0, /cpu:1 "
         "are not; use --reducer ring or collective"
@@ -145,7 +145,7 @@ def test_nccl_refuses_towers_that_share_a_physical_gpu():
     visible = ["/cpu:0", "/gpu:0", "/gpu:1", "/gpu:2"]
     placement_ = resolve(parse_request("gpu:3"), visible, logical_gpu_map(3, 1))
     with pytest.raises(ReducerError) as err:
-        reducers.build(ReducerOptions("nccl"), placement_)
+        reducers.build(ReducerOptions(name="nccl"), placement_)
     assert flag_message(err.value) == (
         "--reducer nccl: towers /gpu:0, /gpu:1, /gpu:2 share physical GPU 0, and NCCL "
         "needs one GPU per tower (it would wait forever); use --reducer ring, tree or "
@@ -180,7 +180,7 @@ def train_losses(digits, reducer_name, variables_cls, num_towers=4, pack_bytes=0
         lambda: models.mlp((28, 28, 1), 10, dropout=0.0),
         lambda: keras.optimizers.SGD(0.1), p)
     step = TowerStep(variables=variables, placement=p,
-                     reducer=reducers.build(ReducerOptions(reducer_name, pack_bytes=pack_bytes), p))
+                     reducer=reducers.build(ReducerOptions(name=reducer_name, pack_bytes=pack_bytes), p))
     images = digits.train_images[..., None].astype(np.float32) / 255.0
     labels = digits.train_labels[:, None].astype(np.int32)
     iterators = []

@@ -183,10 +183,10 @@ def test_the_kit_checks_feedback_instead_of_the_mean_and_local_sgd_on_replicas()
     assert {r.name for r in rows} == {"runs", "structure", "shape", "dtype", "placement",
                                       "traffic", "feedback"}
     assert all(r.passed for r in rows)
-    local = kit.check(build(ReducerOptions("localsgd"), placement_of(FOUR)), FOUR,
+    local = kit.check(build(ReducerOptions(name="localsgd"), placement_of(FOUR)), FOUR,
                       dtypes=(tf.float32,), kinds=("replicated",))
     kit.assert_all_passed(local)
-    refused = kit.check(build(ReducerOptions("localsgd"), placement_of(FOUR[:2])), FOUR[:2],
+    refused = kit.check(build(ReducerOptions(name="localsgd"), placement_of(FOUR[:2])), FOUR[:2],
                         dtypes=(tf.float32,), kinds=("reduce-device",), tower_counts=[2])
     assert refused[0].detail.startswith("raised ReducerError: reducer='localsgd' "
                                         "variables='reduce-device': local SGD steps each")
@@ -207,7 +207,7 @@ def test_the_kit_checks_feedback_instead_of_the_mean_and_local_sgd_on_replicas()
 ])
 def test_a_bad_parameter_is_named_with_the_valid_ones(spec, message):
     with pytest.raises(ReducerError) as caught:
-        ReducerOptions(spec)
+        ReducerOptions(name=spec)
     assert flag_message(caught.value) == message
 
 
@@ -354,7 +354,7 @@ def test_a_non_finite_step_leaves_powersgd_state_as_it_was():
 
 def test_objects_are_refused_like_their_names():
     with pytest.raises(ReducerError) as caught:
-        ReducerOptions(PowerSGD(rank=4), pack_bytes=4096)
+        ReducerOptions(name=PowerSGD(rank=4), pack_bytes=4096)
     assert flag_message(caught.value) == (
         "--reducer engine.reducers.powersgd:PowerSGD --pack-bytes 4096: PowerSGD factors "
         "each gradient's own matrix, which packing flattens; leave out --pack-bytes")

@@ -94,7 +94,7 @@ def reducers_for(names: Sequence[str | Callable], towers: Sequence[str], reduce_
                           reduce_device)
     built = {}
     for name in names:
-        options = reducers.ReducerOptions(name, group_size)
+        options = reducers.ReducerOptions(name=name, group_size=group_size)
         if options.builtin is not None and options.builtin not in MODELLED:
             raise ReducerError(
                 f"<reducers> {options.builtin!r} cannot be predicted: the model prices "

@@ -203,12 +203,12 @@ def check_target(spec: str, group_size: int, compress: str | None):
             )
         load_function(spec, "check")  # a UsageError, which names --check
     try:
-        options = reducers.ReducerOptions(spec, group_size, 0, compress)
+        options = reducers.ReducerOptions(name=spec, group_size=group_size, compress=compress)
     except reducers.ReducerError:
         raise  # OneLineCommand names the flags
     # New options per placement: a class is instantiated for each.
     target = PerPlacement(lambda placement: reducers.build(
-        reducers.ReducerOptions(spec, group_size, 0, compress), placement))
+        reducers.ReducerOptions(name=spec, group_size=group_size, compress=compress), placement))
     return target, options.method == "localsgd"
 
 
@@ -415,7 +415,8 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
     for name in [*chosen, *user_reducers]:
         try:
             options[name] = reducers.ReducerOptions(
-                name, group_size, 0, compress, for_auto if name == "auto" else None)
+                name=name, group_size=group_size, compress=compress,
+                topology=for_auto if name == "auto" else None)
         except reducers.ReducerError:
             raise  # OneLineCommand names the flags
     workloads = [[(nbytes // 4,)] for nbytes in byte_sizes]
