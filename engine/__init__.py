@@ -15,5 +15,5 @@
 The public Python API is `towers`; this package is what it is built from.
 """
 
-__all__ = ["core", "cost", "data", "errors", "placement", "quiet", "reducers", "run", "topology",
-           "userfn"]
+__all__ = ["core", "cost", "data", "errors", "placement", "quiet", "reducers", "run", "scopes",
+           "topology", "userfn"]

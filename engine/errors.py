@@ -6,10 +6,10 @@ Python and the command line speaks flags, so a message names its arguments
 with markers that each side renders in its own terms:
 
 * `<name>`: the argument, e.g. `<learning_rate>` is `learning_rate` in Python
-  and `--lr` on the command line;
+  and the command line's own flag for it there;
 * `<name=value>`: the argument with a value, e.g. `<variables=replicated>` is
-  `variables='replicated'` in Python and `--variables replicated` on the
-  command line; `<xla=True>` is `xla=True` and `--xla`.
+  `variables='replicated'` in Python and the flag with its value on the
+  command line; `<xla=True>` is `xla=True` and the bare flag.
 
 `str(error)` is the Python rendering; `error.render(flags)` the one for a
 command line whose flags map argument names to flags. Only the names in
@@ -55,8 +55,8 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
 
     Args:
       message: text with `<name>` and `<name=value>` markers.
-      flags: argument name -> flag (`{"learning_rate": "--lr"}`), and
-        `name=value` -> a flag that says both (`{"xla=False": "--no-xla"}`);
+      flags: argument name -> the command line's flag for it, and
+        `name=value` -> a flag that says both (a negative flag for `xla=False`);
         None renders Python terms. Names missing from `flags` stay in
         Python terms.
 
@@ -70,7 +70,7 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
             return match.group(0)
         flags_ = flags or {}
         if value is not None and f"{name}={value}" in flags_:
-            return flags_[f"{name}={value}"]  # a flag of its own: `xla=False` is --no-xla
+            return flags_[f"{name}={value}"]  # a flag of its own, as a negative one
         flag = flags_.get(name)
         if flag is None:
             return name if value is None else f"{name}={_python_value(value)}"

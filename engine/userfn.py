@@ -5,7 +5,7 @@ raises.
 A model, loss, reducer or pipeline function comes from the user, in Python or
 as `package.module:function`. Its mistakes are reported as one line that names
 the argument it was given as, the function and what went wrong; the user's own
-frames stay on the exception's `__cause__`, for `--debug`.
+frames stay on the exception's `__cause__`, for a caller that shows them.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
          "--cluster: 2 chief tasks; the chief is this process, so give one address for it"),
         (["--devices", "w0/cpu:0"],
          {"TF_CONFIG": '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}'},
-         "TF_CONFIG names this process task worker/0; tower-train runs as the chief or "
+         "TF_CONFIG names this process task worker/0; training runs as the chief or "
          "outside the cluster, and workers run tower-worker; unset TF_CONFIG here or give "
          "--cluster"),
         (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--step-timeout", "0"],

@@ -138,8 +138,8 @@ def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
         data.tower_pipeline(options(indexed_lmdb, 8), remote, training=True)
     assert flag_message(err.value) == (
         "tower 1 on /job:worker/task:1/gpu:0 decodes on its worker's GPU, but DALI "
-        "builds every pipeline in tower-train's process and needs a GPU driver on "
-        "this machine too; run tower-train on one of the GPU hosts"
+        "builds every pipeline in the training process and needs a GPU driver on "
+        "this machine too; train from one of the GPU hosts"
     )
 
 

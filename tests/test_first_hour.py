@@ -266,3 +266,18 @@ def test_the_python_api_example_prints_only_its_own_lines():
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert result.stdout.splitlines()[-1].startswith("eval accuracy 0.9")
+
+
+def test_a_python_user_is_warned_in_python_terms(mnist_dir):
+    """The engine speaks Python: a skipped step's warning names the argument
+    as a Python user writes it; tower-train says the same with its flag."""
+    stream = io.StringIO()
+    trainer = towers.Trainer("cpu:2", model="tests.user_models:nan_on_tower_1_at_step_6",
+                             data=towers.data.directory(mnist_dir), stream=stream)
+    trainer.fit(epochs=1, steps_per_epoch=6, eval_steps=0, skip_nonfinite=True)
+    warnings = [line for line in stream.getvalue().splitlines() if "warning" in line]
+    assert warnings == [
+        "warning: step 6: the loss or a gradient of tower 1 (/cpu:1) is not finite; update "
+        "skipped (skip_nonfinite=True)"
+    ]
+    assert not any(line.startswith("tower-train") for line in stream.getvalue().splitlines())

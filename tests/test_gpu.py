@@ -16,10 +16,10 @@ from test_reducers import ALL
 from engine import data, reducers
 from engine.core import loop
 from engine.core.options import LoopOptions, ModelOptions
+from engine.core.progress import EpochProgress
 from engine.placement import report as placement_report
 from engine.reducers import conformance
 from engine.run import build as train
-from engine.run.progress import EpochProgress
 from engine.topology.devices import parse_request, resolve
 from engine.topology.splits import logical_gpu_map
 from towers import models

@@ -9,7 +9,7 @@ from conftest import flag_message
 
 from engine.core import loop
 from engine.core.options import LoopOptions
-from engine.run.progress import EpochProgress
+from engine.core.progress import EpochProgress
 
 
 class FakeStep:

@@ -13,11 +13,11 @@ from conftest import digit_iterators, flag_message, run_cli
 from engine.core import loop, precision
 from engine.core.loss_scale import DynamicLossScale, next_scale
 from engine.core.options import LoopOptions
+from engine.core.progress import EpochProgress
 from engine.core.step import TowerStep
 from engine.core.variables import ReduceDeviceVariables
 from engine.reducers.central import Central
 from engine.run.guard import NonFiniteError, NonFiniteGuard
-from engine.run.progress import EpochProgress
 from engine.topology.devices import DeviceRequest, Placement, Tower, resolve
 from towers import models
 
@@ -91,7 +91,7 @@ def test_mixed_precision_tracks_float32(digits, float32_losses, compute_dtype, l
 def test_an_overflowing_loss_scale_halves_and_skips_until_it_fits(digits, tmp_path):
     initial = 2.0**30  # float16 overflows above 65504: the first steps must fail
     step = make_step("float16", lambda device: DynamicLossScale(device, initial=initial))
-    guard = NonFiniteGuard(step.placement.devices, skip=False, say=pytest.fail)
+    guard = NonFiniteGuard(step.placement.devices, skip=False, warn=pytest.fail)
     iterators = tower_iterators(digits, step, steps=60)
     before = [v.numpy() for v in step.model.trainable_variables]
 
@@ -146,7 +146,7 @@ def test_an_epoch_of_only_overflows_shows_no_loss_and_counts_them(digits):
 
 def test_a_non_finite_loss_still_stops_the_run():
     """The scale only answers for gradients it overflowed; a NaN loss is the guard's."""
-    guard = NonFiniteGuard(["/cpu:0", "/cpu:1"], skip=False, say=pytest.fail)
+    guard = NonFiniteGuard(["/cpu:0", "/cpu:1"], skip=False, warn=pytest.fail)
     outputs = {"finite": tf.constant([True, False]), "overflow": tf.constant(False)}
     with pytest.raises(NonFiniteError) as err:
         guard.after_step(7, outputs)

@@ -67,7 +67,7 @@ def test_each_device_launches_bucket_reductions_in_one_order(name):
 
 
 def test_bucket_scope_names_the_reduction_phase():
-    from engine.core import scopes
+    from engine import scopes
 
     assert scopes.phase(f"reduce/{bucket_scope(2)}/reduce/AddN") == scopes.REDUCE
 

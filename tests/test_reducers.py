@@ -236,7 +236,7 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
     options = LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0, check_replicas=3)
     import io
 
-    from engine.run.progress import EpochProgress
+    from engine.core.progress import EpochProgress
     with pytest.raises(ReplicaDriftError) as err:
         loop.run(step, iterators, None, options, EpochProgress(io.StringIO()))
     assert re.search(r"^--check-replicas: after step 3, tower 1's copy", flag_message(err.value))

@@ -13,6 +13,7 @@ from conftest import REPO, flag_message
 import towers
 from engine.core.variables import ReplicaDriftError
 from engine.placement import report
+from engine.placement import summary as placement_text
 from engine.reducers import ReducerError, ReducerOptions, build
 from engine.reducers import conformance as kit
 from engine.reducers.conformance_checks import feedback_problem
@@ -51,12 +52,12 @@ def test_compressed_reducers_move_a_few_percent_of_dense_ring_as_derived(mnist_d
         assert info["reduction_bytes"] == derived[name]
         assert abs(measured - derived[name]) <= 0.1 * derived[name], (name, measured)
         share = f"{100 * derived[name] / report.dense_ring_bytes(info):.1f}% of a dense ring's"
-        assert share in report.summary(entries), name
+        assert share in placement_text.summary(entries), name
     # Local SGD: an averaging step's ring over weights and Adam's two slots.
     measured, info, entries = train_step_bytes(mnist_dir, tmp_path, "localsgd")
     assert info["reduction_bytes"] == 2 * 3 * 3 * 407_080
     assert abs(measured - info["reduction_bytes"]) <= 100
-    assert "(on an averaging step, 1 in every 8)" in report.summary(entries)
+    assert "(on an averaging step, 1 in every 8)" in placement_text.summary(entries)
 
 
 def three_epochs(mnist_dir, reducer):

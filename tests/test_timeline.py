@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from engine.placement import analysis, budgets, report
 from engine.placement import log as placement
+from engine.placement import summary as placement_text
 from engine.placement import trace as placement_trace
 
 ROWS, INNER, COLS = 256, 1024, 1024  # x is [ROWS, INNER] float32, w [INNER, COLS]
@@ -127,7 +128,7 @@ def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
     busy = by_device["/cpu:1"].busy_us
     assert 0 < busy <= found.wall_us and by_device["/cpu:1"].idle_us == pytest.approx(
         found.wall_us - busy, abs=1e-3)
-    text = report.summary(timed)
+    text = placement_text.summary(timed)
     # The kernel's type is oneDNN's _MklMatMul where TensorFlow uses oneDNN.
     kind = by_device["/cpu:1"].longest[0]["op"]
     assert kind in ("MatMul", "_MklMatMul")
@@ -146,14 +147,14 @@ def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
     assert peaks["/cpu:0"]["peak_bytes"] == pytest.approx(4 * ROWS * COLS, abs=4 * COLS)
     counters = [e for e in placement_trace.chrome_trace(timed)["traceEvents"] if e["ph"] == "C"]
     assert max(e["args"]["bytes"] for e in counters) == peaks["/cpu:1"]["peak_bytes"]
-    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in report.summary(timed)
+    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in placement_text.summary(timed)
 
 
 def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
     # TensorFlow's default CPU allocator (a process that did not choose BFC)
     # reports no allocation: the summary names each device and the fix.
     unreported = [e for e in timed if e["kind"] != "memory"]
-    lines = report.memory_lines(unreported, "train")
+    lines = placement_text.memory_lines(unreported, "train")
     why = ("no allocations recorded: TensorFlow's default CPU allocator reports none "
            "to the profiler; start TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=true "
            "(towers.Trainer does) to see them all")
@@ -164,16 +165,16 @@ def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
     eval_unreported = timed + [{**e, "step": "eval"} for e in timed
                                if e["kind"] in ("call", "slice")]
     assert report.memory(eval_unreported, "train")
-    assert report.memory_lines(eval_unreported, "eval")[1:] == [
+    assert placement_text.memory_lines(eval_unreported, "eval")[1:] == [
         "    /cpu:0: no allocations recorded: its ops made no new tensor",
         "    /cpu:1: no allocations recorded: its ops made no new tensor"]
     # oneDNN's allocator reports tensors of 256 KiB or more: the header says
     # so, also of a step where it recorded none (then none was that large).
     partial = [{**e, "allocators": ["mklcpu"]} if e["kind"] == "memory" else e for e in timed]
-    assert "on CPUs tensors of 256 KiB or more" in report.memory_lines(partial, "train")[0]
+    assert "on CPUs tensors of 256 KiB or more" in placement_text.memory_lines(partial, "train")[0]
     partial_eval = partial + [{**e, "step": "eval"} for e in timed
                               if e["kind"] in ("call", "slice")]
-    lines = report.memory_lines(partial_eval, "eval")
+    lines = placement_text.memory_lines(partial_eval, "eval")
     assert "on CPUs tensors of 256 KiB or more" in lines[0]
     assert lines[1:] == ["    /cpu:0: no allocations recorded: none of 256 KiB or more",
                          "    /cpu:1: no allocations recorded: none of 256 KiB or more"]
@@ -189,11 +190,11 @@ def test_colocations_with_many_variables_are_one_line_and_few_are_named():
     # Nine variables make one line (eight would be eight), the one with the
     # most ops named first.
     many = [op(1, f"bn{k}/moving_mean") for k in range(9) for _ in range(2)] + [op(1, "bn8/x")]
-    assert len(report.reason_lines(many[:16], ["/cpu:0", "/cpu:1"])) == 1 + 8
+    assert len(placement_text.reason_lines(many[:16], ["/cpu:0", "/cpu:1"])) == 1 + 8
     few = [op(2, "w"), op(2, "b")]
     other = [{"tower": 1, "assigned": "/cpu:0", "requested": "/cpu:1",
               "reason": "no /cpu:1 kernel for StringFormat"}]
-    lines = report.reason_lines(many + few + other, ["/cpu:0", "/cpu:1", "/cpu:2"])
+    lines = placement_text.reason_lines(many + few + other, ["/cpu:0", "/cpu:1", "/cpu:2"])
     assert lines == [
         "  ops that ran elsewhere than asked (22):",
         "    19 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with 10 variables on "
@@ -217,7 +218,7 @@ def test_reasons_name_the_variable_an_op_was_colocated_with():
     assert colocated["reason"].startswith("colocated with variable w on /cpu:0")
     read = [o for o in moved.values() if o["op"] == "ReadVariableOp" and o["tower"] == 1]
     assert read and all("variable w on /cpu:0" in o["reason"] for o in read)
-    text = report.summary(log.entries)
+    text = placement_text.summary(log.entries)
     assert ("2 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with variable w on "
             "/cpu:0 (a colocation constraint)") in text, text
 
@@ -233,7 +234,7 @@ def test_an_op_asked_for_no_device_says_so():
     log = placement.PlacementLog(None, _info())
     log.call("train", step, tf.ones([4]))
     moved = [o for o in report.ops(log.entries, "train") if o["reason"]]
-    assert moved, report.summary(log.entries)
+    assert moved, placement_text.summary(log.entries)
     assert all(o["reason"].startswith("no device requested") for o in moved)
 
 

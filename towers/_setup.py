@@ -5,12 +5,10 @@ need no TensorFlow, the process-wide set-up, and the engine's option objects.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import NamedTuple
 
 from engine import data as data_lib
 from engine.errors import UsageError
-from engine.topology import devices as devs
 from towers import models
 
 
@@ -21,39 +19,6 @@ class RunOptions(NamedTuple):
     model: object  # engine.core.options.ModelOptions
     reducer: object  # engine.reducers.options.ReducerOptions
     choices: tuple = ()  # engine.run.choices.Choice: what the run picked itself
-
-
-def cluster_options(spec: str | None, connect_timeout: float, request):
-    """The cluster from `spec`, else from TF_CONFIG, else None; remote towers
-    without one are refused.
-
-    Raises:
-      ClusterError: a malformed cluster or TF_CONFIG.
-      UsageError: a device on another task and no cluster.
-    """
-    from engine.topology import cluster as cluster_lib
-
-    text = os.environ.get("TF_CONFIG") if spec is None else spec
-    remote = [
-        (argument, name)
-        for argument, names in (("devices", request.towers or ()),
-                                ("reduce_device", (request.reduce_device,)))
-        for name in names
-        if name and devs.task_of(name)
-    ]
-    if not text or not text.strip():
-        if remote:
-            argument, name = remote[0]
-            raise UsageError(
-                f"<{argument}>: {name} is on another task; name the cluster with "
-                "<cluster=worker=HOST:PORT,...> (or TF_CONFIG)"
-            )
-        return None
-    if spec is None:
-        jobs, source = cluster_lib.from_tf_config(text), "TF_CONFIG"
-    else:
-        jobs, source = cluster_lib.parse(text), "<cluster>"
-    return cluster_lib.ClusterOptions(jobs, connect_timeout, source)
 
 
 def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
@@ -71,33 +36,6 @@ def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
                             ("image_size", 1 if image_size is None else image_size)):
         if value < 1:
             raise UsageError(f"<{argument}> ({value}) must be at least 1")
-
-
-def start_tensorflow(request, reducer, deterministic: bool, log_device_placement: bool) -> None:
-    """TensorFlow's process-wide settings for this run (engine.topology.process)."""
-    from engine.topology import process
-
-    process.start(
-        deterministic=deterministic,
-        collective_towers=(devs.expected_tower_count(request)
-                           if reducer.builtin == "collective" else None),
-        log_device_placement=log_device_placement,
-    )
-
-
-def watch_cluster(cluster, step_timeout: float, trainer):
-    """Waits for the cluster's tasks; the watchdog of every step from then on."""
-    from engine.topology import process
-
-    return process.watch_cluster(cluster, step_timeout, trainer._say, trainer.warn,
-                                 trainer.resume_advice)
-
-
-def configure(request, cluster, watchdog):
-    """The placement: logical devices split, the cluster connected, names resolved."""
-    from engine.topology import process
-
-    return devs.configure(request, process.connector(cluster, watchdog))
 
 
 def check_data_fits(info, towers: int, batch_size: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from engine.placement import analysis, budgets, report
+from engine.placement import summary as summary_lib
 from engine.placement import trace as _trace
 from engine.placement.analysis import Analysis
 from engine.placement.budgets import Budget
@@ -51,7 +52,7 @@ def summary(log: list[dict]) -> str:
     Returns:
       The report, lines joined by newlines.
     """
-    return report.summary(log)
+    return summary_lib.summary(log)
 
 
 def analyse(log: list[dict], step: str = "train") -> Analysis | None:

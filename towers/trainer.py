@@ -135,6 +135,7 @@ class Trainer:
         resume_hint: str = "fit(..., resume=True)",
     ):
         from engine.core.options import ModelOptions
+        from engine.run import session as session_lib
         from towers import _setup as setup
 
         self.stream = stream or sys.stdout
@@ -146,7 +147,7 @@ class Trainer:
         # Everything that needs no TensorFlow is checked first, so that bad
         # arguments are refused in a fraction of a second.
         request = devs.parse_request(devices, reduce_device, gpu_memory)
-        cluster_options = setup.cluster_options(cluster, connect_timeout, request)
+        cluster_options = session_lib.cluster_options(cluster, connect_timeout, request)
         setup.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
                             prefetch=prefetch, step_timeout=step_timeout,
                             image_size=image_size)
@@ -178,11 +179,14 @@ class Trainer:
         info = source.inspect(self._say) if source.is_prepared else None
         setup.check_pairing(model, source, info)
         self._before_tensorflow()
-        setup.start_tensorflow(request, reducer_options, deterministic, log_device_placement)
-        self.watchdog = None
-        if cluster_options is not None:
-            self.watchdog = setup.watch_cluster(cluster_options, step_timeout, self)
-        self.placement = setup.configure(request, cluster_options, self.watchdog)
+        session = session_lib.open_session(
+            request, cluster=cluster_options, step_timeout=step_timeout,
+            deterministic=deterministic, log_device_placement=log_device_placement,
+            collective_towers=(devs.expected_tower_count(request)
+                               if reducer_options.builtin == "collective" else None),
+            say=self._say, warn=self.warn, advice=self.resume_advice,
+        )
+        self.placement, self.watchdog = session.placement, session.watchdog
         self.info = info or source.inspect(self._say)
         towers = len(self.placement.towers)
         setup.check_data_fits(self.info, towers, batch_size)
@@ -205,14 +209,17 @@ class Trainer:
     def _say(self, message: str) -> None:
         print(message, file=self.stream, flush=True)
 
-    def _render(self, message: str) -> str:
-        """`message` with its argument markers in this caller's terms (Python's)."""
-        return errors.render(message)
+    def _voice(self, verbose: int):
+        """How the run speaks (engine.core.progress.Voice): in Python terms."""
+        from engine.core.progress import Voice
+
+        return Voice(self.stream, verbose=verbose)
 
     def warn(self, message: str) -> None:
-        """Prints a one-line warning or error about the run, on stderr."""
+        """Prints a one-line error about the run (a cluster task that stopped
+        answering) on stderr, in Python terms."""
         sys.stdout.flush()
-        print(f"tower-train: error: {message}", file=sys.stderr, flush=True)
+        print(f"error: {errors.render(message)}", file=sys.stderr, flush=True)
 
     def resume_advice(self) -> str:
         """Where the run can go on from, for messages about a lost cluster."""
@@ -331,7 +338,7 @@ class Trainer:
         watcher.begin()
         history = train_lib.train(
             self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers,
-            render=self._render, verbose=verbose, watchers=(watcher,),
+            voice=self._voice(verbose), verbose=verbose, watchers=(watcher,),
             placement_summary=placement_summary,
         )
         watcher.end(history)

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from engine import data
 from engine.core.options import LoopOptions
+from engine.core.progress import EpochProgress, MetricsFile
 from engine.core.step import TowerStep
-from engine.run.progress import EpochProgress, MetricsFile
 
 
 def plain_call(kind: str, function: Callable, *args):

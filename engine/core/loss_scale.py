@@ -3,7 +3,7 @@
 float16 gradients underflow to zero below about 6e-8; multiplying the loss by
 a large scale before the backward pass keeps them representable, and each
 tower divides its gradients by the same scale before they are reduced (so a
-reducer, `--compress` included, sees ordinary magnitudes). Too large a scale
+reducer, `compress` included, sees ordinary magnitudes). Too large a scale
 overflows to inf: that step is skipped and the scale halved; after
 `growth_interval` finite steps in a row it doubles (as Keras'
 LossScaleOptimizer does, but the skip is the step's own tf.cond, shared with
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.errors import UsageError
 
 INITIAL = 2.0**15  # Keras' LossScaleOptimizer starts here too

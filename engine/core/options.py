@@ -49,7 +49,8 @@ LINEAR_SCALING = ("sgd", "momentum")
 
 
 def default_learning_rate(optimizer: str, global_batch: int) -> tuple[float, str]:
-    """The learning rate used when --lr is not given, and how it was derived."""
+    """The learning rate used when `learning_rate` is not given, and how it
+    was derived."""
     base = BASE_LEARNING_RATES[optimizer]
     ratio = global_batch / BASE_BATCH
     if optimizer in LINEAR_SCALING:

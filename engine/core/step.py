@@ -15,7 +15,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.core.loss_scale import NoLossScale
 from engine.core.losses import Loss, sample_means, sparse_cross_entropy
 from engine.core.on_device import OnDevice

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.core.on_device import OnDevice
 from engine.errors import RunError, UsageError
 from engine.topology.devices import Placement

@@ -9,7 +9,7 @@
 * check.py: predictions against measurements.
 * timing.py: timing calls on a shared machine (interleaved rounds).
 
-The public API is towers.cost; `--reducer auto` (engine/reducers/auto.py)
+The public API is towers.cost; reducer `auto` (engine/reducers/auto.py)
 chooses by it.
 """
 

@@ -69,7 +69,7 @@ class FitOptions:
             raise ValueError(f"repeats ({self.repeats}) must be at least 1")
 
 
-# What `--reducer auto` measures at start-up when given no topology: fewer
+# What reducer `auto` measures at start-up when given no topology: fewer
 # sizes and calls, a few seconds on a few devices.
 QUICK = FitOptions(sizes=tuple(1024 * 16 ** k for k in range(5)), repeats=7, warmup=2)
 
@@ -373,7 +373,7 @@ def _fit(devices, options, hosts, name, progress) -> Fit:
             for host, members in by_host.items()
         ),
         links=links,
-        sources=((f"measured by tower-reduce-bench --fit-links on {os.uname().nodename}, "
+        sources=((f"measured by tower-reduce-bench's link fit on {os.uname().nodename}, "
                  f"{len(sizes)} sizes from {sizes[0]} to {sizes[-1]} bytes, fastest of "
                  f"{repeats} calls"),),
     )

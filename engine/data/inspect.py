@@ -278,7 +278,7 @@ runpy.run_path(script, run_name="__main__")
 
 def _make_index(file: str, index: str) -> None:
     """Writes DALI's index of `file` with DALI's own `tfrecord2idx` script, or,
-    where the wheel's scripts were not installed (pip --target, some conda
+    where the wheel's scripts were not installed (pip's target folder, some conda
     builds), with `write_index`, which writes the same lines."""
     import shutil
 

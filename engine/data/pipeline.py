@@ -406,8 +406,8 @@ def _require_gpu(tower: Tower) -> None:
         # constructs every pipeline here before TensorFlow ships it to the worker.
         raise GpuUnavailableError(
             f"tower {tower.index} on {tower.device} decodes on its worker's GPU, but "
-            "DALI builds every pipeline in tower-train's process and needs a GPU "
-            "driver on this machine too; run tower-train on one of the GPU hosts"
+            "DALI builds every pipeline in the training process and needs a GPU "
+            "driver on this machine too; train from one of the GPU hosts"
         )
     raise GpuUnavailableError(
         f"tower {tower.index} on {tower.device} decodes on the GPU (DALI "

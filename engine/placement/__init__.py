@@ -1,7 +1,7 @@
 """The placement log: capture where every op ran (`log`, with `reasons` for
 the ops that moved), time the step (`profile`, `timeline`), report it
-(`report`, `analysis`, `overlap`), draw it (`render`, `trace`, `tensorboard`) and hold it
+(`report`, `summary`, `analysis`, `overlap`), draw it (`render`, `trace`, `tensorboard`) and hold it
 to budgets (`budgets`)."""
 
 __all__ = ["analysis", "budgets", "log", "overlap", "profile", "reasons", "render", "report",
-           "tensorboard", "timeline", "trace"]
+           "summary", "tensorboard", "timeline", "trace"]

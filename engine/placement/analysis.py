@@ -69,7 +69,7 @@ class Analysis:
       devices: how each device spent it.
       critical_path: the chain of ops and sends that set its length, first
         to last.
-      steps: the steps the call ran (several with --steps-per-loop; the
+      steps: the steps the call ran (several with `steps_per_loop`; the
         critical path follows the first).
       overlap: how much of the reduction ran while backward still did
         (engine.placement.overlap).

@@ -1,8 +1,8 @@
 """Budgets for a captured step: bytes between devices, strays, peak memory.
 
 A budget is checked against a placement log, so a CI job can pin a model's
-traffic: `tower-placement check LOG --max-bytes '/cpu:1->/cpu:0=500000'` fails
-when the step moves more, naming the largest tensor over it.
+traffic: a budget of at most 500,000 bytes from /cpu:1 to /cpu:0 fails when
+the step moves more, naming the largest tensor over it.
 """
 
 from __future__ import annotations

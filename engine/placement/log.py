@@ -46,7 +46,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import op_def_registry
 
-from engine.core import scopes
+from engine import scopes
 from engine.errors import RunError
 from engine.placement import reasons, report
 from engine.topology.devices import canonical
@@ -59,7 +59,7 @@ PLUMBING = ("_Arg", "_Retval", "NoOp", "Identity", "IdentityN")
 
 
 class StrayPlacementError(RunError):
-    """--strict-placement found tower ops outside their tower's device."""
+    """`strict_placement`: tower ops ran outside their tower's device."""
 
 
 def short_device(name: str) -> str:
@@ -310,7 +310,7 @@ class RunInfo:
     # (engine.reducers.stateful), and when they are sent, if not every step.
     reduction_bytes: int | None = None
     reduction_note: str = ""
-    # --reducer auto: (smallest bytes, largest bytes, choice) by size.
+    # reducer auto: (smallest bytes, largest bytes, choice) by size.
     reducer_choices: tuple = ()
 
     def record(self) -> dict:
@@ -319,7 +319,7 @@ class RunInfo:
 
 
 class TransferBudgetError(RunError):
-    """--max-transfer-bytes: the captured train step moved more."""
+    """`max_transfer_bytes`: the captured train step moved more."""
 
 
 class PlacementLog:
@@ -395,7 +395,7 @@ class PlacementLog:
             result, seen = profile.profile(function, *args)
         except profile.ProfilerBusy:
             note = (f"no timings for the {kind} step: another profiler was running "
-                    "(--profile-steps over its second call?)")
+                    "(<profile_steps> over its second call?)")
             self.notes.append(note)
             self.entries.append({"kind": "note", "step": kind, "text": note})
             self.write()

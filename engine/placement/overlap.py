@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from engine.core import scopes
+from engine import scopes
 
 __all__ = ["Overlap", "busy", "overlap"]
 

@@ -68,7 +68,7 @@ class Profile:
 
 
 class ProfilerBusy(RuntimeError):
-    """Another profiler (--profile-steps, a user's) is running."""
+    """Another profiler (`profile_steps`, a user's) is running."""
 
 
 def profile(function: Callable, *args):

@@ -20,7 +20,7 @@ from tensorflow.python.ops import summary_ops_v2
 
 from engine.placement import report
 
-SUBDIRECTORY = "placement"  # under --logdir: a TensorBoard run of its own
+SUBDIRECTORY = "placement"  # under `logdir`: a TensorBoard run of its own
 
 
 def run_metadata(metadata, entries: list[dict], step: str) -> config_pb2.RunMetadata:

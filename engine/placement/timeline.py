@@ -8,7 +8,7 @@ node names, and adds:
 
   {"kind": "call", "step": str, "dur_us": float, "steps": int}
       the function's run, wall time, and the steps it ran (several with
-      --steps-per-loop); slices are timed from its start.
+      `steps_per_loop`); slices are timed from its start.
   {"kind": "slice", "step": str, "name": node, "op": str, "device": str,
    "phase": str, "start_us": float, "dur_us": float, "thread": int}
       one execution of a node (a node in a loop runs several times).
@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import re
 
-from engine.core import scopes
+from engine import scopes
 from engine.placement.profile import Profile
 
 

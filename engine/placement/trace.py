@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from engine.core import scopes
+from engine import scopes
 from engine.errors import UsageError
 from engine.placement import report
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import Link, check_towers, mean
 
 

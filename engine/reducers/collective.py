@@ -9,13 +9,12 @@ ordering token so its collectives launch in program order.
 In one process every participant blocks an inter-op thread while it waits for
 the others; with fewer inter-op threads than participants that can deadlock,
 so the reducer refuses to build when TensorFlow was configured with too few
-(tower-train raises the count before TensorFlow starts).
+(a run raises the count before TensorFlow starts: engine.run.session).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -26,16 +25,6 @@ from engine.reducers.flat import FlatReducer
 
 _group_keys = itertools.count(1)
 
-
-def reserve_inter_op_threads(towers: int) -> None:
-    """Gives TensorFlow more inter-op threads than towers; call before it starts.
-
-    In one process each collective holds an inter-op thread while it waits
-    for the others.
-    """
-    current = tf.config.threading.get_inter_op_parallelism_threads()
-    cores = len(os.sched_getaffinity(0))
-    tf.config.threading.set_inter_op_parallelism_threads(max(current, cores, towers + 2))
 
 _instance_keys = itertools.count(1)
 

@@ -45,7 +45,7 @@ declare theirs.
         def make_reducer(self, placement):
             return my_reducer
 
-From the shell: `tower-reduce-bench --check package.module:function`.
+From the shell: tower-reduce-bench's check of `package.module:function`.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def check(reducer: Reducer | PerPlacement, devices: Sequence[str], *,
       dtypes: the gradients' dtypes.
       shapes: the variables' shapes.
       compressed_to: the dtype the reducer sends gradients in, if narrower
-        (`--compress`): the mean is then checked to that dtype's precision.
+        (`compress`): the mean is then checked to that dtype's precision.
       seed: seeds the generated gradients.
       progress: called after each tower count with it and its rows.
       kinds: the kinds of destinations to try: `replicated` (every tower's

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import check_towers
 from engine.reducers.primitives import all_gather
 from engine.reducers.stateful import ReducerContext, StatefulReducer

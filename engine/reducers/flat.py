@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import Link, check_towers
 from engine.reducers.primitives import all_reduce
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import ReducerError, check_towers
 from engine.reducers.primitives import all_reduce
 from engine.reducers.stateful import ReducerContext, StatefulReducer

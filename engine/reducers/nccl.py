@@ -4,7 +4,7 @@ Uses TensorFlow's NCCL op (`nccl_ops.all_sum`: one NcclAllReduce per GPU, same
 shared name) and divides by the tower count on each GPU. NCCL exists only for
 NVIDIA GPUs, so the reducer refuses CPU towers when it is built, with a
 message naming them, before any graph is made. NCCL also needs one GPU per
-rank: two towers on logical GPUs of one physical GPU (`--devices gpu:N`)
+rank: two towers on logical GPUs of one physical GPU (`devices="gpu:N"`)
 would wait for each other forever, so those are refused too.
 """
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import Reducer, check_towers
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import canonical

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from engine.core import scopes
+from engine import scopes
 from engine.reducers.base import ReducerError, check_towers
 from engine.reducers.primitives import all_reduce, broadcast
 from engine.reducers.stateful import ReducerContext, StatefulReducer

@@ -2,7 +2,7 @@
 
 The fastest known setting for the placement is the default: with GPU towers
 the variables live on the first tower's GPU (tf_cnn_benchmarks'
-`--local_parameter_device=gpu`), and a tower whose variables are on its own
+local parameter device `gpu`), and a tower whose variables are on its own
 device is compiled whole by XLA, as Keras' `fit(jit_compile=True)` compiles
 its train step. CPU towers keep the settings measured fastest on CPUs: the
 variables in host memory, TensorFlow's own (oneDNN) kernels rather than XLA.
@@ -85,7 +85,7 @@ def dali_threads(placement: Placement) -> Choice:
 
     A CPU tower's DALI threads compete with its TensorFlow ops for the same
     cores: a quarter of the cores per tower, at least one, lost least in
-    `scripts/bench.py --dali-sweep` on a 2-core host (1 thread: 0.76 of the
+    the bench's DALI sweep (scripts/bench.py) on a 2-core host (1 thread: 0.76 of the
     in-memory speed against 0.59 with 2, mlp on 2 towers). A GPU tower's
     compute is on its GPU, and its pipeline decodes there: half the cores
     per tower feed the decoder, the other half dispatch TensorFlow's work.

@@ -31,7 +31,7 @@ def describe(
     batch = options.data.batch_size
     params, _ = count_parameters(model)
     lines = [
-        f"tower-train: {n} tower{'s' * (n > 1)}, batch {batch} per "
+        f"{n} tower{'s' * (n > 1)}, batch {batch} per "
         f"tower ({batch * n} per step), model {model.name} ({params:,} parameters)"
     ]
     for tower in placement.towers:

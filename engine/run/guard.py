@@ -21,10 +21,10 @@ class NonFiniteGuard:
     """Raises NonFiniteError naming the step and towers, or with `skip`
     reports the skipped step and lets the run go on."""
 
-    def __init__(self, devices: Sequence[str], *, skip: bool, say: Callable[[str], None]):
+    def __init__(self, devices: Sequence[str], *, skip: bool, warn: Callable[[str], None]):
         self.devices = list(devices)
         self.skip = skip
-        self.say = say
+        self.warn = warn
 
     def after_step(self, step: int, outputs: dict) -> None:
         finite = outputs["finite"].numpy()
@@ -36,7 +36,7 @@ class NonFiniteGuard:
         message = f"step {step}: the loss or a gradient of {towers} is not finite"
         if not self.skip:
             raise NonFiniteError(message + "; the update was not applied")
-        self.say(f"tower-train: warning: {message}; update skipped (--skip-nonfinite)")
+        self.warn(f"{message}; update skipped (<skip_nonfinite=True>)")
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         pass

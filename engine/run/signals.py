@@ -27,20 +27,28 @@ class GracefulStop:
     after each step. A second SIGINT exits at once with 130.
     """
 
-    def __init__(self, say=lambda message: print(message, file=sys.stderr, flush=True)):
+    def __init__(self, say=None):
+        """`say(line)` tells the user a signal came in (default: on stderr, in
+        Python terms)."""
+        if say is None:
+            def say(message: str) -> None:
+                from engine.errors import render
+
+                print(render(message), file=sys.stderr, flush=True)
+
         self.say = say
         self.requested: int | None = None
         self._previous = {}
 
     def _handle(self, signum, frame):
         if self.requested is not None and signum == signal.SIGINT:
-            self.say("tower-train: second interrupt, exiting now without saving")
+            self.say("second interrupt, exiting now without saving")
             os._exit(130)
         if self.requested is None:
             self.requested = signum
             self.say(
-                f"tower-train: {signal.Signals(signum).name} received; finishing this "
-                "step (or loop of --steps-per-loop steps; Ctrl-C again to quit at once)"
+                f"{signal.Signals(signum).name} received; finishing this step (or loop of "
+                "<steps_per_loop> steps; Ctrl-C again to quit at once)"
             )
 
     def __enter__(self):

@@ -1,14 +1,14 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy` and `train/step_seconds` (wall
-time between steps, all towers together); with `--steps-per-loop K`, every
+time between steps, all towers together); with `steps_per_loop` K, every
 K steps: the loop's last step, and its mean step time. Every epoch: `epoch/loss`
 and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
 `epoch/skipped` and, with
 evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
 in the step itself (a timestamp op is stateful, and tf.function would order
 the towers' timestamps one after another, serialising the towers); the
-profiler trace of `--profile-steps A:B` shows each device's timeline
+profiler trace of `profile_steps` (A, B) shows each device's timeline
 instead, in TensorBoard's Profile tab.
 """
 
@@ -45,7 +45,7 @@ class Summaries:
             taken = int(outputs.get("steps", 1))
             tf.summary.scalar("train/step_seconds", (now - self._last) / taken)
         if self.profile:
-            # Steps come in loops of --steps-per-loop that end on its
+            # Steps come in loops of `steps_per_loop` that end on its
             # multiples: the trace covers every loop that holds a step of
             # first to last.
             first, last = self.profile

@@ -7,14 +7,15 @@ Everything here takes option objects; nothing reads flags or the environment.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TextIO
 
 import tensorflow as tf
 
-from engine import data, errors
+from engine import data
 from engine.core import loop
-from engine.placement import report as placement_report
+from engine.core.progress import EpochProgress, Voice
+from engine.placement import summary as placement_summary_lib
 from engine.placement.log import PlacementLog
 from engine.run import outputs
 from engine.run.build import Towers, build
@@ -26,7 +27,6 @@ from engine.run.checkpoint import (
 from engine.run.describe import check_signature, describe, run_info, run_signature
 from engine.run.guard import NonFiniteError, NonFiniteGuard
 from engine.run.options import TrainOptions
-from engine.run.progress import EpochProgress
 from engine.run.signals import GracefulStop, StopRequested
 from engine.run.summaries import Summaries
 from engine.run.watchdog import Watchdog
@@ -47,7 +47,8 @@ def train(
     stop: GracefulStop | None = None,
     watchdog: Watchdog | None = None,
     towers: Towers | None = None,
-    render: Callable[[str], str] = errors.render,
+    *,
+    voice: Voice | None = None,
     verbose: int = 1,
     watchers: Sequence = (),
     placement_summary: bool = True,
@@ -59,13 +60,13 @@ def train(
       placement: the towers' devices and the reduce device.
       options: everything the run does.
       info: what the data holds (engine.data.inspect).
-      stream: where the header, progress and summaries go.
+      stream: where the progress lines go.
       stop: stops the run at the next safe point after a signal.
       watchdog: with a cluster, every step, the building of the towers and
         every checkpoint save and restore run under its deadline.
       towers: towers built earlier (by `build`) to go on training.
-      render: renders the argument markers of the header's choices
-        (engine.errors.render: Python terms).
+      voice: how the header, notes and warnings are said (default: in
+        Python terms, on `stream`).
       verbose: 0 prints nothing but warnings, 1 the header and a live
         progress line, 2 the header and one line per epoch.
       watchers: more of the loop's watchers (engine.core.loop.Watcher), after
@@ -77,10 +78,12 @@ def train(
       One record per epoch run here.
 
     Raises:
+      UsageError: `resume` into a run of other settings (nothing is built).
       StopRequested: a signal stopped the run (after a checkpoint was saved).
       NonFiniteError: a loss or gradient was not finite (nothing saved).
       CheckpointError: `resume` found checkpoints it cannot use.
     """
+    voice = voice or Voice(stream, verbose=verbose)
     # Work that talks to other tasks runs under the watchdog's deadline.
     guard = watchdog.guard if watchdog else unguarded
     signature = run_signature(placement, options)
@@ -95,41 +98,12 @@ def train(
             "building the towers", build,
             placement, options.data, options.model, options.reducer, info.val_size,
         )
-    model = towers.step.model
-
-    def say(message: str) -> None:
-        if verbose:
-            print(message, file=stream, flush=True)
-
-    def warn(message: str) -> None:
-        print(f"warning: {render(message)}", file=stream, flush=True)
-
-    say(render(describe(placement, options, model, info, towers.step.reducer)))
-
-    run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite, say=say)]
+    voice.header(describe(placement, options, towers.step.model, info, towers.step.reducer))
+    run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite,
+                                   warn=voice.warn)]
     saver = None
     if options.checkpoints.directory:
-        outputs.check_room("checkpoint_dir", options.checkpoints.directory,
-                           state_bytes(towers.step.trackables()))
-        run = tf.Variable(signature, trainable=False)
-        state = {**towers.step.trackables(), "run": run,
-                 "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
-        if towers.held_out is not None:
-            state["held_out"] = [
-                *saveable_iterators(placement.towers, towers.held_out.iterators),
-                towers.held_out.position,
-            ]
-        checkpoints = Checkpoints(options.checkpoints, state, warn=warn)
-        if options.checkpoints.resume:
-            path = guard("restoring a checkpoint", checkpoints.restore)
-            if path:
-                check_signature(path, run.numpy().decode(), signature)
-                say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
-                    + replay_gpu_readers(placement, towers, say, guard))
-            else:
-                say(render(f"<resume>: no checkpoint in {options.checkpoints.directory} yet; "
-                    "starting from the beginning"))
-        saver = CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, say, guard)
+        saver = _checkpoints(placement, options, towers, signature, voice, guard)
         run_watchers.append(saver)
     summaries = None
     if options.logdir:
@@ -140,30 +114,14 @@ def train(
         run_watchers.append(summaries)
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
-
-    log = None
-    call = loop.plain_call
-    if options.placement.capture:
-        log = PlacementLog(
-            options.placement.log_path,
-            run_info(placement, options, model, towers.step.reducer),
-            strict=options.placement.strict,
-            timings=options.placement.timings and options.placement.log_path is not None,
-            max_transfer_bytes=options.placement.max_transfer_bytes,
-        )
-        call = log.call
+    log = _placement_log(placement, options, towers)
+    call = log.call if log is not None else loop.plain_call
     if watchdog is not None:
         call = watchdog.wrap_call(call)
     try:
-        history = loop.run(
-            towers.step,
-            towers.train_iterators,
-            towers.held_out,
-            options.loop,
-            EpochProgress(stream, verbose=verbose),
-            call,
-            [*run_watchers, *watchers],
-        )
+        history = loop.run(towers.step, towers.train_iterators, towers.held_out, options.loop,
+                           EpochProgress(stream, verbose=verbose), call,
+                           [*run_watchers, *watchers])
     except StopRequested as stopped:
         stopped.checkpoint = saver.save(stopped.step) if saver else None
         raise
@@ -174,18 +132,67 @@ def train(
         if summaries:
             summaries.close()
     if options.placement.log_path:
-        if placement_summary:
-            say(placement_report.summary(log.entries))
-        for note in log.notes:
-            say(f"placement log: {note}")
-        say(f"placement log: {options.placement.log_path}")
-        if options.logdir:
-            from engine.placement import tensorboard
-
-            written = tensorboard.write(options.logdir, log.metadata, log.entries)
-            say(f"placement in TensorBoard: {written} (Graphs, tag placement/train; "
-                "Color: Device or Compute time)")
+        _report_placement(log, options, voice, placement_summary)
     return history
+
+
+def _checkpoints(placement: Placement, options: TrainOptions, towers: Towers, signature: str,
+                 voice: Voice, guard) -> CheckpointWatcher:
+    """The run's checkpoints: room for one checked, the newest restored when
+    resuming (refused if another run wrote it), and the watcher that saves."""
+    outputs.check_room("checkpoint_dir", options.checkpoints.directory,
+                       state_bytes(towers.step.trackables()))
+    run = tf.Variable(signature, trainable=False)
+    state = {**towers.step.trackables(), "run": run,
+             "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
+    if towers.held_out is not None:
+        state["held_out"] = [
+            *saveable_iterators(placement.towers, towers.held_out.iterators),
+            towers.held_out.position,
+        ]
+    checkpoints = Checkpoints(options.checkpoints, state, warn=voice.warn)
+    if options.checkpoints.resume:
+        path = guard("restoring a checkpoint", checkpoints.restore)
+        if path:
+            check_signature(path, run.numpy().decode(), signature)
+            voice.say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
+                      + replay_gpu_readers(placement, towers, voice.say, guard))
+        else:
+            voice.say(f"<resume>: no checkpoint in {options.checkpoints.directory} yet; "
+                      "starting from the beginning")
+    return CheckpointWatcher(checkpoints, options.loop.steps_per_epoch, voice.say, guard)
+
+
+def _placement_log(placement: Placement, options: TrainOptions,
+                   towers: Towers) -> PlacementLog | None:
+    """The placement log that captures the first train and eval steps, or
+    None when nothing is to be captured."""
+    if not options.placement.capture:
+        return None
+    return PlacementLog(
+        options.placement.log_path,
+        run_info(placement, options, towers.step.model, towers.step.reducer),
+        strict=options.placement.strict,
+        timings=options.placement.timings and options.placement.log_path is not None,
+        max_transfer_bytes=options.placement.max_transfer_bytes,
+    )
+
+
+def _report_placement(log: PlacementLog, options: TrainOptions, voice: Voice,
+                      summary: bool) -> None:
+    """What the placement log says at the end: its summary when asked, its
+    notes, where it is, and where TensorBoard finds it."""
+    if summary:
+        voice.say(placement_summary_lib.summary(log.entries))
+    for note in log.notes:
+        voice.say(f"placement log: {note}")
+    voice.say(f"placement log: {options.placement.log_path}")
+    if options.logdir:
+        from engine.placement import tensorboard
+
+        written = tensorboard.write(options.logdir, log.metadata, log.entries)
+        voice.say(f"placement in TensorBoard: {written} (Graphs, tag placement/train; "
+                  "Color: Device or Compute time)")
 
 
 def state_bytes(trackables: dict) -> int:

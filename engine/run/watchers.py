@@ -17,7 +17,7 @@ def unguarded(what: str, function, *args):
 
 
 class CheckpointWatcher:
-    """Saves every `--checkpoint-every` steps and at the end of every epoch.
+    """Saves every `checkpoint_every` steps and at the end of every epoch.
 
     A step that ends an epoch is saved after the epoch's evaluation, so the
     checkpoint holds the held-out position after it, not before.

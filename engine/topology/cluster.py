@@ -48,7 +48,7 @@ class ClusterOptions:
       jobs: (job name, task addresses) pairs, e.g.
         (("worker", ("h1:2222", "h2:2222")),).
       connect_timeout: seconds to wait for every task to answer at start.
-      source: where the cluster came from, for messages (`--cluster` or
+      source: where the cluster came from, for messages (`<cluster>` or
         `TF_CONFIG`).
     """
 
@@ -146,7 +146,7 @@ def _tf_config(text: str) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], dict
 
 
 def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The jobs of a TF_CONFIG value, for tower-train.
+    """The jobs of a TF_CONFIG value, for the training process.
 
     Raises:
       ClusterError: TF_CONFIG is not JSON with a `cluster` of job -> address
@@ -156,7 +156,7 @@ def from_tf_config(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     if task and task.get("type") != CHIEF:
         raise ClusterError(
             f"TF_CONFIG names this process task {task.get('type')}/{task.get('index')}; "
-            "tower-train runs as the chief or outside the cluster, and workers run "
+            "training runs as the chief or outside the cluster, and workers run "
             "tower-worker; unset TF_CONFIG here or give <cluster>"
         )
     return jobs
@@ -167,7 +167,7 @@ def own_port(text: str | None) -> int:
 
     Raises:
       ClusterError: no TF_CONFIG, no such task, or the task is the chief
-        (which is tower-train's).
+        (which is the training process's).
     """
     if not text:
         raise ClusterError("give <port=P> (or set TF_CONFIG with this task's address)")

@@ -1,4 +1,4 @@
-"""Tower devices: parse `--devices`, split the host CPU, check what exists.
+"""Tower devices: parse `devices`, split the host CPU, check what exists.
 
 Parsing is pure string work and runs before TensorFlow is imported, so that a
 bad spec fails fast and `cpu:N` can split the host CPU before TensorFlow
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
 
 from engine.errors import UsageError
 
@@ -41,7 +40,7 @@ class DeviceError(UsageError):
 
 @dataclasses.dataclass(frozen=True)
 class DeviceRequest:
-    """What the user asked for with `--devices` and `--reduce-device`.
+    """What the user asked for with `devices` and `reduce_device`.
 
     Attributes:
       towers: canonical device names (`/gpu:0`, `/cpu:1`,
@@ -156,7 +155,7 @@ def task_of(name: str) -> str | None:
 def parse_request(
     devices: str, reduce_device: str | None = None, gpu_memory_mb: int | None = None
 ) -> DeviceRequest:
-    """Parses `--devices`, `--reduce-device` and `--gpu-memory` without
+    """Parses `devices`, `reduce_device` and `gpu_memory` without
     touching TensorFlow.
 
     Raises:
@@ -274,7 +273,7 @@ def resolve(
 def default_reduce_device(towers: tuple[str, ...]) -> str:
     """Where the variables live unless the user says: on the first tower's
     GPU when every tower is a GPU of this process (weights and gradients then
-    never cross the host, as tf_cnn_benchmarks' `--local_parameter_device=gpu`),
+    never cross the host, as tf_cnn_benchmarks' local parameter device `gpu`),
     else in host memory, `/cpu:0`, which every tower reaches alike."""
     if towers and all(name.startswith("/gpu:") for name in towers):
         return towers[0]
@@ -293,50 +292,3 @@ def expected_tower_count(request: DeviceRequest) -> int:
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU")) or default_cpu_towers()
-
-
-def configure(request: DeviceRequest, connect: Callable[[], None] | None = None) -> Placement:
-    """Splits the host CPU if asked, connects to a cluster if given, then
-    resolves the request against the devices TensorFlow sees.
-
-    Must run before anything initialises TensorFlow's devices when the request
-    splits the CPU.
-
-    Args:
-      request: the parsed request.
-      connect: connects this process to a cluster (engine.topology.cluster), making
-        the workers' devices visible; `all` then means theirs.
-    """
-    import tensorflow as tf
-
-    from engine.topology.splits import logical_gpu_map, split_gpu, split_host_cpu
-
-    logical_cpus = request.logical_cpus
-    gpus = tf.config.list_physical_devices("GPU")
-    physical = {}
-    if request.logical_gpus is not None:
-        if not gpus:
-            raise DeviceError(
-                f"<devices=gpu:{request.logical_gpus}> splits GPU 0 into logical GPUs, "
-                "but this machine has no GPU; use <devices=cpu:N> for N CPU towers"
-            )
-        split_gpu(request.logical_gpus, request.gpu_memory_mb)
-        physical = logical_gpu_map(request.logical_gpus, 1)
-        gpus = []  # the split GPU has fixed limits instead of growth
-    for gpu in gpus:
-        # DALI allocates GPU memory of its own beside TensorFlow's: let
-        # TensorFlow grow into the memory it needs instead of taking it all.
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except (RuntimeError, ValueError):
-            # TensorFlow has started (RuntimeError), or this process split the
-            # GPU into logical GPUs (ValueError): its memory is set up already.
-            pass
-    if request.towers is None and not gpus and connect is None:
-        logical_cpus = default_cpu_towers()
-    if logical_cpus is not None:
-        split_host_cpu(logical_cpus)
-    if connect is not None:
-        connect()
-    visible = [canonical(d.name) for d in tf.config.list_logical_devices()]
-    return resolve(request, [d for d in visible if d is not None], physical)

@@ -1,17 +1,13 @@
 """Process-wide set-up: what must be set before TensorFlow starts (op
-determinism, inter-op threads, placement printing, the CPU allocator), and the
-connection to a cluster, watched by a watchdog from the first exchange on."""
+determinism, inter-op threads, placement printing, the CPU allocator)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from engine.errors import UsageError
-from engine.run.watchdog import Watchdog
-from engine.topology import cluster as cluster_lib
 
-__all__ = ["connector", "record_cpu_allocations", "start", "watch_cluster"]
+__all__ = ["record_cpu_allocations", "reserve_inter_op_threads", "start"]
 
 
 def record_cpu_allocations() -> None:
@@ -26,6 +22,19 @@ def record_cpu_allocations() -> None:
     TensorFlow runs anything; a `TF_CPU_ALLOCATOR_USE_BFC` the user set wins.
     """
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+
+def reserve_inter_op_threads(towers: int) -> None:
+    """Gives TensorFlow more inter-op threads than towers; call before it starts.
+
+    In one process each collective holds an inter-op thread while it waits
+    for the others.
+    """
+    import tensorflow as tf
+
+    current = tf.config.threading.get_inter_op_parallelism_threads()
+    cores = len(os.sched_getaffinity(0))
+    tf.config.threading.set_inter_op_parallelism_threads(max(current, cores, towers + 2))
 
 
 def start(
@@ -49,8 +58,6 @@ def start(
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     if collective_towers is not None:
-        from engine.reducers.collective import reserve_inter_op_threads
-
         try:
             reserve_inter_op_threads(collective_towers)
         except RuntimeError:  # TensorFlow has started: enough threads is fine
@@ -64,62 +71,3 @@ def start(
                 ) from None
     if log_device_placement:
         tf.debugging.set_log_device_placement(True)
-
-
-def watch_cluster(
-    options: cluster_lib.ClusterOptions,
-    step_timeout: float,
-    say: Callable[[str], None],
-    warn: Callable[[str], None],
-    advice: Callable[[], str],
-) -> Watchdog:
-    """Waits for every task to answer; returns the watchdog that bounds the
-    connection and each step from here on.
-
-    Args:
-      options: the cluster.
-      step_timeout: seconds a step (or a connection, a save) may take.
-      say: progress while waiting.
-      warn: the one line printed when a deadline passes, before the run stops.
-      advice: what to do then (where the last checkpoint is, how to resume).
-
-    Raises:
-      ClusterError: the chief's port is taken, or a task never answers.
-    """
-    cluster_lib.check_chief_port(options)
-    cluster_lib.wait_for_tasks(options, say)
-
-    def overrun(what: str, seconds: float) -> None:
-        down = cluster_lib.unreachable(options)
-        frozen = [] if down else cluster_lib.silent(options)
-        if down:
-            detail = f"not answering: {'; '.join(down)}"
-        elif frozen:
-            detail = (f"accepting connections but not answering TensorFlow (frozen or "
-                      f"overloaded): {'; '.join(frozen)}")
-        else:
-            detail = ("every task answers, so the work is slow or the workers cannot "
-                      "reach this process (check the chief address and its port)")
-        warn(f"{what} has not finished after {seconds:.0f} s; {detail}; {advice()}")
-
-    return Watchdog(step_timeout, overrun, label=f"<step_timeout={step_timeout:g}>")
-
-
-def connector(
-    options: cluster_lib.ClusterOptions | None, watchdog: Watchdog | None
-) -> Callable[[], None] | None:
-    """What `devices.configure` calls to connect, under the watchdog, or None."""
-    if options is None:
-        return None
-
-    def connect():
-        import tensorflow as tf
-
-        # Listing the devices is the first exchange with every task.
-        watchdog.guard(
-            f"connecting to the cluster (<connect_timeout={options.connect_timeout:g}>)",
-            lambda: (cluster_lib.connect(options), tf.config.list_logical_devices()),
-            timeout=options.connect_timeout,
-        )
-
-    return connect

@@ -29,19 +29,6 @@ def load_topology(path: str):
         raise UsageFailure(f"--topology {err}") from None
 
 
-def connector(cluster_options):
-    """What devices.configure calls to reach the cluster's workers, or None."""
-    if cluster_options is None:
-        return None
-    from engine.topology import cluster
-
-    def connect():
-        cluster.wait_for_tasks(cluster_options, lambda line: click.echo(line, err=True))
-        cluster.connect(cluster_options)
-
-    return connect
-
-
 def machines(placement, cluster_options) -> dict[str, str]:
     """The machine of each device: a worker at a loopback address runs on
     this machine and shares its cores (`localhost`); others are their task."""

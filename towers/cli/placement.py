@@ -61,9 +61,9 @@ def tower_placement():
 @click.argument("log")
 def summary(log):
     """Ops per device per tower, the transfer matrix, and stray ops."""
-    from engine.placement import report as placement_report
+    from engine.placement import summary as placement_text
 
-    click.echo(placement_report.summary(_load(log)))
+    click.echo(placement_text.summary(_load(log)))
 
 
 @tower_placement.command()
@@ -71,9 +71,9 @@ def summary(log):
 @click.argument("log_b")
 def diff(log_a, log_b):
     """What changed from LOG_A to LOG_B."""
-    from engine.placement import report as placement_report
+    from engine.placement import summary as placement_text
 
-    click.echo(placement_report.diff(_load(log_a), _load(log_b)))
+    click.echo(placement_text.diff(_load(log_a), _load(log_b)))
 
 
 @tower_placement.command()

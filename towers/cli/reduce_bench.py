@@ -378,9 +378,9 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
         request = devs.parse_request(devices, reduce_device)
     except devs.DeviceError:
         raise  # OneLineCommand names the flags
-    from towers import _setup
+    from engine.run import session as session_lib
 
-    cluster_options = _setup.cluster_options(cluster, 60.0, request)
+    cluster_options = session_lib.cluster_options(cluster, 60.0, request)
     import_tensorflow()
     from engine import reducers
 
@@ -391,13 +391,12 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
             f"--reducers: {', '.join(unknown)} not built in; choose from "
             f"{', '.join(reducers.BUILT_INS)}"
         )
-    from engine.reducers.collective import reserve_inter_op_threads
-
-    reserve_inter_op_threads(devs.expected_tower_count(request))
-    try:
-        placement = devs.configure(request, cost_tables.connector(cluster_options))
-    except devs.DeviceError:
-        raise  # OneLineCommand names the flags
+    # Every reducer may be timed, collective among them: threads for its towers.
+    placement = session_lib.open_session(
+        request, cluster=cluster_options, collective_towers=devs.expected_tower_count(request),
+        say=lambda line: click.echo(line, err=True),
+        warn=lambda line: click.echo(f"tower-reduce-bench: error: {line}", err=True),
+    ).placement
     if check is not None:
         # By default the last device: a tower only when every device is one.
         last_or_given = placement.reduce_device if reduce_device else placement.devices[-1]

@@ -15,6 +15,7 @@ import sys
 
 import click
 
+from engine.core.progress import Voice
 from engine.errors import RunError, TowerError
 from towers.cli import common
 from towers.cli.common import GroupedCommand, UsageFailure
@@ -144,13 +145,24 @@ class CliTrainer(Trainer):
         # continues the one above it (MNIST's preparation steps).
         click.echo(message if message.startswith(" ") else f"tower-train: {message}")
 
-    def _render(self, message: str) -> str:
-        return common.render(message, FLAGS)
+    def _voice(self, verbose: int):
+        return CliVoice(self.stream, lambda message: common.render(message, FLAGS), verbose)
 
     def warn(self, message: str) -> None:
         sys.stdout.flush()
         click.echo(f"tower-train: error: {common.render(message, FLAGS)}", err=True)
         sys.stderr.flush()
+
+
+class CliVoice(Voice):
+    """The run's lines as tower-train's: its name before the header and the
+    warnings, its flags in the text."""
+
+    def header(self, text: str) -> None:
+        self.say(f"tower-train: {text}")
+
+    def warn(self, text: str) -> None:
+        print(f"tower-train: warning: {self.render(text)}", file=self.stream, flush=True)
 
 
 def _fit(trainer, arguments: dict) -> None:
@@ -160,7 +172,8 @@ def _fit(trainer, arguments: dict) -> None:
     from engine.run.signals import GracefulStop, StopRequested
 
     try:
-        with GracefulStop() as stop:
+        with GracefulStop(say=lambda m: click.echo(
+                f"tower-train: {common.render(m, FLAGS)}", err=True)) as stop:
             trainer.fit(**arguments, stop=stop, placement_summary=True)
     except StopRequested as stopped:
         if stopped.checkpoint:

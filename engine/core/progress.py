@@ -93,3 +93,37 @@ class MetricsFile:
             return
         with open(self.path, "a") as stream:
             stream.write(json.dumps(record) + "\n")
+
+
+class Voice:
+    """How a run speaks to its user: plain lines, its header, and warnings,
+    each with its argument markers rendered (engine.errors) and held back
+    below `verbose` 1 (warnings never are).
+
+    A command line subclasses it to name itself and its flags.
+
+    Args:
+      stream: where every line goes.
+      render: renders argument markers; default, in Python terms.
+      verbose: 0 warnings only, 1 or 2 everything (as Keras' `fit`).
+    """
+
+    def __init__(self, stream: TextIO = sys.stdout, render=None, verbose: int = 1):
+        from engine.errors import render as python_terms
+
+        self.stream = stream
+        self.render = render or python_terms
+        self.verbose = verbose
+
+    def say(self, text: str) -> None:
+        """A line about the run (a checkpoint saved, the placement log written)."""
+        if self.verbose:
+            print(self.render(text), file=self.stream, flush=True)
+
+    def header(self, text: str) -> None:
+        """The run's layout, printed before the first step."""
+        self.say(text)
+
+    def warn(self, text: str) -> None:
+        """Something the user should know that does not stop the run."""
+        print(f"warning: {self.render(text)}", file=self.stream, flush=True)
