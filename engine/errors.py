@@ -32,7 +32,8 @@ ARGUMENTS = frozenset("""
     keep_checkpoints learning_rate
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
     mixed_precision model num_classes optimizer pack_bytes path pipeline
-    placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed seq_len sizes
+    placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed
+    seq_len sizes
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
     topology variables xla
 """.split())

@@ -76,5 +76,6 @@ def phase(name: str) -> str:
         return "input"
     match = _REDUCE.match(name)
     if match:
-        return UPDATE if match.group(0).removeprefix("gradient_tape/").startswith(UPDATE) else REDUCE
+        own = match.group(0).removeprefix("gradient_tape/")
+        return UPDATE if own.startswith(UPDATE) else REDUCE
     return "other"

@@ -70,7 +70,8 @@ def label(function: Callable | str) -> str:
     """How messages name a user's function: its spec, or module:qualname."""
     if isinstance(function, str):
         return function
-    target = function if inspect.isfunction(function) or inspect.ismethod(function) else type(function)
+    plain = inspect.isfunction(function) or inspect.ismethod(function)
+    target = function if plain else type(function)
     name = getattr(target, "__qualname__", None) or repr(function)
     module = getattr(target, "__module__", None)
     return f"{module}:{name}" if module and module != "builtins" else name

@@ -274,7 +274,8 @@ class Timer:
         class Callback(keras.callbacks.Callback):
             def on_train_batch_end(inner, batch, logs=None):
                 self.count += 1
-                if self.count == warmup or (self.count > warmup and (self.count - warmup) % steps == 0):
+                done = self.count - warmup
+                if done == 0 or (done > 0 and done % steps == 0):
                     now = time.perf_counter()
                     if self.start is not None:
                         self.times.append(now - self.start)
@@ -485,8 +486,10 @@ def profiles(rows) -> list[str]:
         if "profile" in r:
             p = r["profile"]
             copies = ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["copies_per_step"].items()))
-            lines.append(f"  {r['model']} b{r['batch']} {r['kind']}: step {p['wall_ms_per_step']:.3f} ms, "
-                         f"GPU busy {p['gpu_busy_ms_per_step']:.3f} ms ({p['gpu_busy_share']:.0%}); "
+            lines.append(f"  {r['model']} b{r['batch']} {r['kind']}: "
+                         f"step {p['wall_ms_per_step']:.3f} ms, "
+                         f"GPU busy {p['gpu_busy_ms_per_step']:.3f} ms "
+                             f"({p['gpu_busy_share']:.0%}); "
                          f"{p['kernels_per_step']:.0f} kernels and copies per step ({copies})")
     return lines
 

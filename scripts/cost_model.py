@@ -65,7 +65,8 @@ def setting(label: str, devices: str, extra: list[str], repeats: int) -> list[di
           + (f"; {ties} more such pairs the model predicts within 2% (ties)" if ties else ""))
     for r in measured:
         for o in measured:
-            if (r["tensor_bytes"] == o["tensor_bytes"] and r["best_seconds"] > 1.2 * o["best_seconds"]
+            if (r["tensor_bytes"] == o["tensor_bytes"]
+                    and r["best_seconds"] > 1.2 * o["best_seconds"]
                     and r["predicted_seconds"] < o["predicted_seconds"] / 1.02):
                 print(f"  misordered: {o['reducer']} measured faster than {r['reducer']} "
                       f"at {o['tensor_bytes'] >> 10}K")

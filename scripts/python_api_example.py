@@ -4,10 +4,10 @@ The README's "Python API" example, unchanged; the tests run it too.
 Run: .venv/bin/python scripts/python_api_example.py
 """
 
-import keras  # noqa: E402, I001
-import tensorflow as tf  # noqa: E402
-
 import towers  # first: it keeps TensorFlow's C++ start-up logs off the terminal
+
+import keras
+import tensorflow as tf
 
 
 def make_model(input_shape, num_classes):

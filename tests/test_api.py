@@ -104,7 +104,8 @@ def test_a_user_pipeline_trains_through_the_cli(mnist_dir, monkeypatch):
      "function takes input_shape and num_classes (each optional, by those names) and returns "
      "a keras.Model"),
     (lambda: towers.data.pipeline("tests.user_pipelines:takes_nothing"),
-     "pipeline 'tests.user_pipelines:takes_nothing' takes no arguments; a pipeline function takes one "
+     "pipeline 'tests.user_pipelines:takes_nothing' takes no arguments; a pipeline function "
+         "takes one "
      "Shard (towers.data.Shard) and returns a DALI pipeline of (images, labels)"),
 ])
 def test_user_functions_with_the_wrong_signature_get_one_line(make, message):

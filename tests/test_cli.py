@@ -23,24 +23,42 @@ def one_line_error(result, prog="tower-train"):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--devices", ""], "--devices is empty; give GPU indices (0,1), 'all', 'cpu:N' or device names (/gpu:0,/cpu:0)"),
-        (["--devices", "1,1"], "--devices '1,1': /gpu:1 is listed twice; each device carries one tower"),
+        (["--devices", ""], "--devices is empty; give GPU indices (0,1), 'all', 'cpu:N' or "
+            "device names (/gpu:0,/cpu:0)"),
+        (["--devices", "1,1"], "--devices '1,1': /gpu:1 is listed twice; each device carries one "
+            "tower"),
         (["--devices", "cpu:0"], "--devices 'cpu:0': N must be at least 1 for cpu:N, got 0"),
-        (["--devices", "gpu0"], "--devices 'gpu0': 'gpu0' is not a GPU index or a device name; use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0 or w1/gpu:0 (task 1 of the cluster's workers)"),
-        (["--devices", "cpu:2", "--reduce-device", "cpu2"], "--reduce-device 'cpu2' is not a device name; use a name like /cpu:0, /gpu:1 or w1/gpu:0"),
-        (["--data", "/nonexistent/mnist"], "--data '/nonexistent/mnist' is not a directory; it should hold train/ (and val/), as written by 'tower-data mnist DIR'"),
-        (["--batch-size", "0", "--data-format", "synthetic"], "--batch-size (0) must be at least 1"),
-        (["--batch-size", "many"], "Invalid value for '--batch-size': 'many' is not a valid integer."),
-        (["--data-format", "csv"], "Invalid value for '--data-format': 'csv' is not one of 'auto', 'caffe2', 'folder', 'jpeg', 'tfrecord', 'text', 'synthetic'."),
-        (["--image-size", "0", "--data-format", "synthetic"], "--image-size (0) must be at least 1"),
-        (["--data-format", "folder"], "--data-format folder reads class folders from --data DIR; MNIST comes as caffe2, jpeg or tfrecord"),
-        (["--data-format", "synthetic", "--num-classes", "0"], "--num-classes (0) must be at least 1"),
-        (["--data-format", "synthetic", "--synthetic-samples", "0"], "--synthetic-samples (0) must be at least 1"),
+        (["--devices", "gpu0"], "--devices 'gpu0': 'gpu0' is not a GPU index or a device name; "
+            "use GPU indices (0,1), 'all', 'cpu:N' or names like /gpu:0 or w1/gpu:0 (task 1 of "
+            "the cluster's workers)"),
+        (["--devices", "cpu:2", "--reduce-device", "cpu2"], "--reduce-device 'cpu2' is not a "
+            "device name; use a name like /cpu:0, /gpu:1 or w1/gpu:0"),
+        (["--data", "/nonexistent/mnist"], "--data '/nonexistent/mnist' is not a directory; it "
+            "should hold train/ (and val/), as written by 'tower-data mnist DIR'"),
+        (["--batch-size", "0", "--data-format", "synthetic"], "--batch-size (0) must be at least "
+            "1"),
+        (["--batch-size", "many"], "Invalid value for '--batch-size': 'many' is not a valid "
+            "integer."),
+        (["--data-format", "csv"], "Invalid value for '--data-format': 'csv' is not one of "
+            "'auto', 'caffe2', 'folder', 'jpeg', 'tfrecord', 'text', 'synthetic'."),
+        (["--image-size", "0", "--data-format", "synthetic"], "--image-size (0) must be at least "
+            "1"),
+        (["--data-format", "folder"], "--data-format folder reads class folders from --data DIR; "
+            "MNIST comes as caffe2, jpeg or tfrecord"),
+        (["--data-format", "synthetic", "--num-classes", "0"], "--num-classes (0) must be at "
+            "least 1"),
+        (["--data-format", "synthetic", "--synthetic-samples", "0"], "--synthetic-samples (0) "
+            "must be at least 1"),
         (["--synthetic-samples", "8"], "--synthetic-samples (8) is for --data-format synthetic"),
-        (["--num-classes", "5"], "--num-classes is for --data-format synthetic or a --data directory of TFRecords; MNIST has 10"),
-        (["--optimizer", "lamb"], "Invalid value for '--optimizer': 'lamb' is not one of 'sgd', 'momentum', 'adam', 'rmsprop'."),
-        (["--metrics", "/nonexistent/m.jsonl"], "--metrics '/nonexistent/m.jsonl': its directory does not exist"),
-        (["--xla", "--deterministic"], "--xla --deterministic: XLA has no deterministic version of some ops (max-pooling gradients, for one) and TensorFlow refuses them mid-run; drop one of the two flags"),
+        (["--num-classes", "5"], "--num-classes is for --data-format synthetic or a --data "
+            "directory of TFRecords; MNIST has 10"),
+        (["--optimizer", "lamb"], "Invalid value for '--optimizer': 'lamb' is not one of 'sgd', "
+            "'momentum', 'adam', 'rmsprop'."),
+        (["--metrics", "/nonexistent/m.jsonl"], "--metrics '/nonexistent/m.jsonl': its directory "
+            "does not exist"),
+        (["--xla", "--deterministic"], "--xla --deterministic: XLA has no deterministic version "
+            "of some ops (max-pooling gradients, for one) and TensorFlow refuses them mid-run; "
+            "drop one of the two flags"),
     ],
 )
 def test_bad_input_before_tensorflow(args, message):
@@ -50,16 +68,32 @@ def test_bad_input_before_tensorflow(args, message):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--devices", f"{MISSING_GPU},{MISSING_GPU + 1}"], f"--devices: GPU {MISSING_GPU} does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
-        (["--devices", f"/gpu:{MISSING_GPU}"], f"--devices: GPU {MISSING_GPU} does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
-        (["--devices", "/cpu:0,/cpu:1"], f"--devices: /cpu:1 does not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
-        (["--devices", "cpu:2", "--reduce-device", "/cpu:2"], f"--reduce-device /cpu:2 does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
-        (["--devices", "cpu:2", "--reduce-device", f"/gpu:{MISSING_GPU}"], f"--reduce-device /gpu:{MISSING_GPU} does not exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
-        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "towers.nothing:here"], "--model 'towers.nothing:here': cannot import 'towers.nothing' (No module named 'towers.nothing')"),
-        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model 'resnet' is not one of mlp, lenet, resnet20, resnet50, transformer and not package.module:function"),
-        (["--devices", "cpu:1", "--data-format", "synthetic", "--epochs", "0"], "--epochs (0) must be a positive integer"),
-        (["--devices", "cpu:2", "--data-format", "synthetic", "--xla"], "--xla --variables reduce-device: an XLA cluster reads the variables on its tower's device, and TensorFlow cannot read variables on the reduce device from a tower on another; add --variables replicated"),
-        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "transformer"], "--model transformer reads byte sequences; add --data-format text"),
+        (["--devices", f"{MISSING_GPU},{MISSING_GPU + 1}"], f"--devices: GPU {MISSING_GPU} does "
+            f"not exist; devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", f"/gpu:{MISSING_GPU}"], f"--devices: GPU {MISSING_GPU} does not exist; "
+            f"devices here: {HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", "/cpu:0,/cpu:1"], f"--devices: /cpu:1 does not exist; devices here: "
+            f"{HOST_DEVICES}{NO_GPU_HINT}"),
+        (["--devices", "cpu:2", "--reduce-device", "/cpu:2"], f"--reduce-device /cpu:2 does not "
+            f"exist; devices here: {HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
+        (["--devices", "cpu:2", "--reduce-device", f"/gpu:{MISSING_GPU}"],
+         f"--reduce-device /gpu:{MISSING_GPU} does not exist; devices here: "
+         f"{HOST_DEVICES.replace('/cpu:0', '/cpu:0, /cpu:1')}"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "towers.nothing:here"],
+            "--model "
+            "'towers.nothing:here': cannot import 'towers.nothing' (No module named "
+            "'towers.nothing')"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "resnet"], "--model "
+            "'resnet' is not one of mlp, lenet, resnet20, resnet50, transformer and not "
+            "package.module:function"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--epochs", "0"], "--epochs (0) "
+            "must be a positive integer"),
+        (["--devices", "cpu:2", "--data-format", "synthetic", "--xla"], "--xla --variables "
+            "reduce-device: an XLA cluster reads the variables on its tower's device, and "
+            "TensorFlow cannot read variables on the reduce device from a tower on another; add "
+            "--variables replicated"),
+        (["--devices", "cpu:1", "--data-format", "synthetic", "--model", "transformer"], "--model "
+            "transformer reads byte sequences; add --data-format text"),
     ],
 )
 def test_bad_input_that_needs_tensorflow_to_see(args, message):

@@ -113,7 +113,8 @@ def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, processes
                     "--metrics", str(tmp_path / "local.jsonl"))
     assert local.returncode == 0, local.stderr
 
-    [there], [here] = read_metrics(tmp_path / "remote.jsonl"), read_metrics(tmp_path / "local.jsonl")
+    [there] = read_metrics(tmp_path / "remote.jsonl")
+    [here] = read_metrics(tmp_path / "local.jsonl")
     assert there["eval_accuracy"] >= 0.91  # 0.927 in one process
     assert there["eval_accuracy"] == pytest.approx(here["eval_accuracy"], abs=1e-4)
     assert there["loss"] == pytest.approx(here["loss"], rel=1e-5)

@@ -307,7 +307,8 @@ def test_auto_trains_mnist_as_central_does_and_says_what_it_chose(tmp_path):
 
 
 def test_a_topology_is_only_for_auto():
-    with pytest.raises(towers.UsageError, match=r"^topology is for reducer='auto', which chooses by it; reducer='ring' "
+    with pytest.raises(towers.UsageError, match=r"^topology is for reducer='auto', which "
+                       r"chooses by it; reducer='ring' "
                        r"does not use one$"):
         towers.Trainer(["/cpu:0"], reducer="ring", topology="dgx1-v100")
 

@@ -103,8 +103,10 @@ def test_folder_format_labels_by_sorted_class_folder(tmp_path, digits):
         for i in range(4):
             (folder / f"{i}.png").write_bytes(records.encode_png(digits.train_images[index]))
     info = data.inspect(str(tmp_path))
-    assert (info.format, info.train_size, info.num_classes, info.val_path) == ("folder", 12, 3, None)
-    dataset = data.tower_dataset(options(tmp_path, 12, fmt="folder"), Tower(0, "/cpu:0", 1), training=True)
+    assert (info.format, info.train_size, info.num_classes, info.val_path) == (
+        "folder", 12, 3, None)
+    dataset = data.tower_dataset(options(tmp_path, 12, fmt="folder"), Tower(0, "/cpu:0", 1),
+                                 training=True)
     images, labels = read(dataset, 1)
     assert sorted(labels.tolist()) == [0] * 4 + [1] * 4 + [2] * 4  # ant, bee, cat
     for image, label in zip(images[0].numpy(), labels):
@@ -147,12 +149,16 @@ def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
     "setup, fmt, message",
     [
         (lambda p: None, "auto", r"has no train/ directory"),
-        (lambda p: (p / "train").mkdir(), "auto", r"is neither an LMDB database \(data.mdb\), nor a "
-         r"folder of TFRecord files \(\*.tfrecord or \*-NNNNN-of-NNNNN\), nor a folder of class sub-folders"),
-        (lambda p: (p / "train").mkdir(), "tfrecord", r"holds no TFRecord files \(\*.tfrecord or \*-NNNNN-of-NNNNN\)"),
+        (lambda p: (p / "train").mkdir(), "auto", r"is neither an LMDB database \(data.mdb\), "
+            "nor a "
+         r"folder of TFRecord files \(\*.tfrecord or \*-NNNNN-of-NNNNN\), nor a folder of class "
+             "sub-folders"),
+        (lambda p: (p / "train").mkdir(), "tfrecord", r"holds no TFRecord files \(\*.tfrecord or "
+            r"\*-NNNNN-of-NNNNN\)"),
         (lambda p: (p / "train.txt").write_text("a.jpg cat\n"), "jpeg",
          r"train.txt line 1 is 'a.jpg cat'; a file list has 'path label' lines"),
-        (lambda p: (p / "train" / "x").mkdir(parents=True), "caffe2", r"is not an LMDB database \(no data.mdb\)"),
+        (lambda p: (p / "train" / "x").mkdir(parents=True), "caffe2", r"is not an LMDB database "
+            r"\(no data.mdb\)"),
     ],
 )
 def test_bad_data_directories_are_named(tmp_path, setup, fmt, message):

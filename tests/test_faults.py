@@ -136,8 +136,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
 
     result = run_cli("tower-train", *args, "--epochs", "3", "--resume")
     assert result.returncode == 0, result.stderr
-    warning = next(l for l in result.stdout.splitlines() if l.startswith("warning:"))
-    assert warning.startswith(f"warning: checkpoint {directory}/ckpt-10 cannot be restored (")
+    # tower-train names itself on its warnings as on its errors.
+    warning = next(l for l in result.stdout.splitlines() if l.startswith("tower-train: warning:"))
+    assert warning.startswith(
+        f"tower-train: warning: checkpoint {directory}/ckpt-10 cannot be restored (")
     assert warning.endswith("); trying an older one")
     assert f"resumed from {directory}/ckpt-5 at step 5" in result.stdout
     assert "Epoch 2/3" in result.stdout and "Epoch 1/3" not in result.stdout

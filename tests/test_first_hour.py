@@ -73,7 +73,7 @@ def test_an_uncreatable_checkpoint_folder_is_refused_before_anything_is_built(
         f"checkpoint_dir '{blocker}/ck' cannot be created: {blocker} is a file, not a "
         "directory; give a directory path"
     )
-    assert trainer.towers is None  # refused before the first step, nothing built
+    assert trainer.built is None  # refused before the first step, nothing built
 
 
 def test_a_disk_without_room_for_a_checkpoint_is_refused():
@@ -272,7 +272,8 @@ def test_a_python_user_is_warned_in_python_terms(mnist_dir):
     """The engine speaks Python: a skipped step's warning names the argument
     as a Python user writes it; tower-train says the same with its flag."""
     stream = io.StringIO()
-    trainer = towers.Trainer("cpu:2", model="tests.user_models:nan_on_tower_1_at_step_6",
+    trainer = towers.Trainer(["/cpu:0", "/cpu:1"],
+                             model="tests.user_models:nan_on_tower_1_at_step_6",
                              data=towers.data.directory(mnist_dir), stream=stream)
     trainer.fit(epochs=1, steps_per_epoch=6, eval_steps=0, skip_nonfinite=True)
     warnings = [line for line in stream.getvalue().splitlines() if "warning" in line]

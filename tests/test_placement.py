@@ -92,7 +92,8 @@ def test_summary_is_printed_at_the_end_of_the_run(logs):
     out = result.stdout
     assert "placement of the train step" in out and "placement of the eval step" in out
     assert "    /cpu:1     407,1" in out  # gradients, row from /cpu:1
-    assert "bytes per step (100.0%); the central reduction, reduce-device variables should move 814,160" in out
+    assert ("bytes per step (100.0%); the central reduction, reduce-device variables should "
+            "move 814,160") in out
     assert out.count("stray ops: none") == 2
 
 
@@ -119,7 +120,8 @@ def test_strict_placement_stops_on_the_first_step_naming_the_op(mnist_dir, tmp_p
                                  "tests.user_models:misplaced", "--strict-placement")
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("tower-train: error: --strict-placement: 1 stray op(s) in the train step: tower_1/")
+    assert line.startswith(
+        "tower-train: error: --strict-placement: 1 stray op(s) in the train step: tower_1/")
     assert "on_host" in line and "(Square): tower 1 op ran on /cpu:0, not on /cpu:1" in line
     assert "Epoch 1/1" in result.stdout and "1/3" not in result.stdout
     assert placement_report.strays(placement_report.load(str(log)))  # the log is kept
@@ -236,7 +238,8 @@ def test_render_command_writes_png_and_dot(logs, tmp_path):
     png, dot = tmp_path / "p.png", tmp_path / "p.dot"
     assert run_cli("tower-placement", "render", str(path), "-o", str(png)).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert run_cli("tower-placement", "render", str(path), "-o", str(dot), "--step", "eval").returncode == 0
+    rendered = run_cli("tower-placement", "render", str(path), "-o", str(dot), "--step", "eval")
+    assert rendered.returncode == 0
     text = dot.read_text()
     sent = placement_report.matrix(logs[2][1], "eval")
     assert set(sent) == {("/cpu:0", "/cpu:1"), ("/cpu:1", "/cpu:0")}
@@ -356,7 +359,8 @@ def test_trace_command_writes_a_chrome_trace_of_the_real_step(logs):
     assert result.stdout.startswith(f"wrote {out}: ")
     # Tower 3's ops are on its track of the device each ran on: its own for
     # its passes, /cpu:0 for its reads of the variables there.
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["name"] == "thread_name"}
     pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
     ran = {s["name"]: s["device"] for s in placement_report.slices(entries, "train")}
     tower = [e for e in events if e["ph"] == "X"

@@ -180,7 +180,8 @@ def train_losses(digits, reducer_name, variables_cls, num_towers=4, pack_bytes=0
         lambda: models.mlp((28, 28, 1), 10, dropout=0.0),
         lambda: keras.optimizers.SGD(0.1), p)
     step = TowerStep(variables=variables, placement=p,
-                     reducer=reducers.build(ReducerOptions(name=reducer_name, pack_bytes=pack_bytes), p))
+                     reducer=reducers.build(
+                         ReducerOptions(name=reducer_name, pack_bytes=pack_bytes), p))
     images = digits.train_images[..., None].astype(np.float32) / 255.0
     labels = digits.train_labels[:, None].astype(np.int32)
     iterators = []

@@ -251,11 +251,11 @@ def test_local_sgd_replicas_agree_right_after_averaging_and_not_between(mnist_di
 
     averaged = trainer()
     averaged.fit(epochs=1, steps_per_epoch=8, eval_steps=1, check_replicas=4)  # checks 4, 8
-    assert averaged.towers.step.variables.check(0.0, 8) == 0.0  # bit for bit
+    assert averaged.built.step.variables.check(0.0, 8) == 0.0  # bit for bit
     between = trainer()
     between.fit(epochs=1, steps_per_epoch=6, eval_steps=1)  # averaged at 4, alone 5 and 6
     with pytest.raises(ReplicaDriftError):
-        between.towers.step.variables.check(1e-6, 6)
+        between.built.step.variables.check(1e-6, 6)
     with pytest.raises(towers.UsageError) as caught:
         between.fit(epochs=2, steps_per_epoch=6, check_replicas=6)
     assert flag_message(caught.value) == (

@@ -130,7 +130,8 @@ def test_xla_run_keeps_each_tower_on_its_device(mnist_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (
-        "  compute  float32, XLA: each tower's forward and backward, and each replica's update, compiled on its device"
+        "  compute  float32, XLA: each tower's forward and backward, and each replica's update, "
+            "compiled on its device"
         in result.stdout
     )
     assert "3/3 ━" in result.stdout

@@ -5,20 +5,34 @@ need no TensorFlow, the process-wide set-up, and the engine's option objects.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from engine import data as data_lib
 from engine.errors import UsageError
 from towers import models
 
+if TYPE_CHECKING:
+    from engine.core.options import ModelOptions
+    from engine.data import DataOptions
+    from engine.reducers.options import ReducerOptions
+    from engine.run.choices import Choice
 
-class RunOptions(NamedTuple):
-    """What the towers are built from; `fit` adds the loop's options."""
 
-    data: object  # engine.data.DataOptions
-    model: object  # engine.core.options.ModelOptions
-    reducer: object  # engine.reducers.options.ReducerOptions
-    choices: tuple = ()  # engine.run.choices.Choice: what the run picked itself
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What the towers are built from; `fit` adds the loop's options.
+
+    Attributes:
+      data: how every tower reads its shard.
+      model: what to train and how.
+      reducer: how the gradients are averaged.
+      choices: the settings the run picked itself, for the header.
+    """
+
+    data: DataOptions
+    model: ModelOptions
+    reducer: ReducerOptions
+    choices: tuple[Choice, ...] = ()
 
 
 def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
@@ -108,7 +122,8 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
     # The header names them where they differ from the CPU defaults of old.
     picked = tuple(c for c in picked if c is not None) if choices.gpu_towers(placement) else ()
     note = ""
-    if learning_rate is None and isinstance(optimizer, str) and optimizer in core_options.OPTIMIZERS:
+    named = isinstance(optimizer, str) and optimizer in core_options.OPTIMIZERS
+    if learning_rate is None and named:
         learning_rate, note = core_options.default_learning_rate(optimizer, batch_size * towers)
     data_options = data_lib.DataOptions(
         format=info.format,
@@ -130,7 +145,7 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
     model_options = dataclasses.replace(
         model_options, learning_rate=model_options.learning_rate if learning_rate is None
         else learning_rate, learning_rate_note=note, compute_dtype=compute_dtype, xla=xla)
-    return RunOptions(data_options, model_options, reducer, picked)
+    return RunOptions(data=data_options, model=model_options, reducer=reducer, choices=picked)
 
 
 def check_pairing(model, source, info) -> None:

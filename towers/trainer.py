@@ -198,7 +198,7 @@ class Trainer:
             augment=augment, deterministic=deterministic,
             reduce_device_given=reduce_device is not None,
         )
-        self.towers = None
+        self.built = None
         self.checkpoint_dir = None
         self._checkpointing = None  # whether the built pipelines can be saved
 
@@ -326,7 +326,7 @@ class Trainer:
             skip_nonfinite=skip_nonfinite, check_replicas=check_replicas,
         )
         watcher = callbacks_lib.watcher(callbacks, self)
-        if self.towers is not None and options.data.checkpointing != self._checkpointing:
+        if self.built is not None and options.data.checkpointing != self._checkpointing:
             raise UsageError(
                 "<checkpoint_dir>: this Trainer's pipelines were built by an earlier call "
                 f"{'with' if self._checkpointing else 'without'} checkpoints; make a new "
@@ -337,7 +337,7 @@ class Trainer:
         self._build(options)
         watcher.begin()
         history = train_lib.train(
-            self.placement, options, self.info, self.stream, stop, self.watchdog, self.towers,
+            self.placement, options, self.info, self.stream, stop, self.watchdog, self.built,
             voice=self._voice(verbose), verbose=verbose, watchers=(watcher,),
             placement_summary=placement_summary,
         )
@@ -361,7 +361,7 @@ class Trainer:
         """
         from engine.run import outputs
 
-        if self.towers is None:
+        if self.built is None:
             raise UsageError("<save_model>: nothing is trained yet; call fit first")
         if path.endswith(".keras"):
             outputs.check_file("save_model", path)
@@ -383,31 +383,31 @@ class Trainer:
         from engine import data as data_lib
 
         self._build(self.options)
-        held_out = self.towers.held_out
+        held_out = self.built.held_out
         if held_out is None:
             raise UsageError("<data> has no held-out set to evaluate on")
         if steps is None:
             steps = data_lib.eval_batches(held_out.size, held_out.batch_size,
                                           held_out.num_towers)
-        return held_out.evaluate(self.towers.step, steps)
+        return held_out.evaluate(self.built.step, steps)
 
     @property
     def model(self):
         """The Keras model (tower 0's copy with replicated variables); None
         until the towers are built."""
-        return None if self.towers is None else self.towers.step.model
+        return None if self.built is None else self.built.step.model
 
     def _build(self, options) -> None:
-        if self.towers is not None:
+        if self.built is not None:
             return
         from engine.run import build as build_lib
         from engine.run.watchers import unguarded
         from towers import _setup as setup
 
         guard = self.watchdog.guard if self.watchdog else unguarded
-        self.towers = guard("building the towers", build_lib.build, self.placement,
+        self.built = guard("building the towers", build_lib.build, self.placement,
                             options.data, options.model, options.reducer, self.info.val_size)
         self._checkpointing = options.data.checkpointing
         if self.check_reducer:
-            setup.check_reducer(self.towers.step, self.placement, options.reducer.compress)
+            setup.check_reducer(self.built.step, self.placement, options.reducer.compress)
 

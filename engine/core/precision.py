@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import keras
 
+from engine.core.options import COMPUTE_DTYPES
 from engine.errors import UsageError
 from engine.topology.devices import Placement
 
-COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 

@@ -19,6 +19,7 @@ from engine import scopes
 from engine.core.loss_scale import NoLossScale
 from engine.core.losses import Loss, sample_means, sparse_cross_entropy
 from engine.core.on_device import OnDevice
+from engine.core.variables import VariableMode
 from engine.reducers.base import Reducer, mean
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import Placement
@@ -124,7 +125,7 @@ class TowerStep:
     def __init__(
         self,
         *,
-        variables,
+        variables: VariableMode,
         placement: Placement,
         reducer: Reducer,
         loss_scale=None,
@@ -180,13 +181,13 @@ class TowerStep:
         """What a stateful reducer is built for: this model's gradients (the
         trainable variables' shapes and dtypes) on this placement."""
         trainable = self.model.trainable_variables
-        replicas = getattr(self.variables, "replica_variables", list)()
+        replicas = self.variables.replica_variables()
         return ReducerContext(
             shapes=tuple(v.shape for v in trainable),
             dtypes=tuple(v.dtype for v in trainable),
             devices=tuple(self.placement.devices),
             destinations=tuple(self.variables.destinations),
-            variables=getattr(self.variables, "name", "replicated"),
+            variables=self.variables.name,
             step=self.global_step,
             replicas=tuple(tuple(r) for r in replicas),
         )

@@ -17,10 +17,11 @@ import tensorflow as tf
 
 from engine import scopes
 from engine.core.on_device import OnDevice
+from engine.core.options import VARIABLE_MODES
 from engine.errors import RunError, UsageError
 from engine.topology.devices import Placement
 
-MODES = ("reduce-device", "replicated")
+MODES = VARIABLE_MODES  # engine.core.options holds them, for checks before TensorFlow
 
 
 class VariableMode(Protocol):
@@ -28,12 +29,19 @@ class VariableMode(Protocol):
     ReplicatedVariables, or one of yours).
 
     Attributes:
+      name: the mode's name (one of MODES for the built-ins), as a reducer
+        with state is told it.
       model: the model copy the run describes and saves (tower 0's).
       destinations: the devices that need the reduced gradients.
     """
 
+    name: str
     model: keras.Model
     destinations: list[str]
+
+    def replica_variables(self) -> list[list[tf.Variable]]:
+        """Per tower, the floating-point state of its own copy, aligned across
+        towers (what local SGD averages); empty when the towers share one copy."""
 
     def model_for(self, tower: int) -> keras.Model:
         """The copy tower `tower` calls."""
@@ -87,6 +95,9 @@ class ReduceDeviceVariables:
 
     def model_for(self, tower: int) -> keras.Model:
         return self.model
+
+    def replica_variables(self) -> list[list[tf.Variable]]:
+        return []  # one copy, shared by every tower
 
     def trackables(self) -> dict:
         # Keras 3 models are not checkpoint-trackable objects of their own: list

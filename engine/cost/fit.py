@@ -328,7 +328,8 @@ def _fit(devices, options, hosts, name, progress) -> Fit:
             one, many = timed((_hops_function(first, second, 1, sinks), ()),
                               (_hops_function(first, second, 1 + 2 * HOPS, sinks), ()),
                               repeats=4 * repeats)
-            latency[(first, second)] = latency[(second, first)] = max(0.0, (many - one) / (2 * HOPS))
+            latency[(first, second)] = latency[(second, first)] = max(
+                0.0, (many - one) / (2 * HOPS))
     links = {}
     counts = [tf.constant(max(1, s // 4), tf.int32) for s in sizes]
     for src in devices:

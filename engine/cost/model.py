@@ -156,7 +156,8 @@ def predict(schedule: Schedule, topology: Topology) -> Prediction:
             done += 1
             for c in children[i]:
                 waiting[c] -= 1
-                last_input[c] = i if last_input[c] < 0 or finish[i] >= finish[last_input[c]] else last_input[c]
+                if last_input[c] < 0 or finish[i] >= finish[last_input[c]]:
+                    last_input[c] = i
                 if not waiting[c]:
                     if work[c] <= 0:
                         heapq.heappush(heap, c)

@@ -16,7 +16,8 @@ A topology is JSON:
   (what one more buffer costs an add), and `op_seconds` the fixed time of
   one op. An
   op that reads R bytes and writes W costs `gamma_read x R + (gamma - 2
-  gamma_read) x W`; without `gamma_read`, reads and writes cost gamma / 3. CPU devices of one host share its `cores`; a
+  gamma_read) x W`; without `gamma_read`, reads and writes cost gamma / 3. CPU devices
+  of one host share its `cores`; a
   GPU runs one op at a time at full speed.
 * A link from `src` to `dst` (each a device or a list: every pair of them but
   a device to itself; later entries override earlier ones) takes
@@ -179,7 +180,8 @@ def _field(entry: Mapping, key: str, where: str, kind, *, minimum: float | None 
         raise TopologyError(f"{where}: missing field {key!r}")
     value = entry[key]
     if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):
             raise TopologyError(f"{where}.{key}: {value!r} is not a number")
         if minimum is not None and value < minimum:
             raise TopologyError(f"{where}.{key}: {value!r} must be at least {minimum}")

@@ -97,7 +97,7 @@ PipelineFunction = Callable[[Shard], object]
 SHARD_EXAMPLE = Shard(0, 1, None, 0, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataOptions:
     """How every tower reads its shard.
 

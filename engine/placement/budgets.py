@@ -116,7 +116,8 @@ def _matches(pattern: str, device: str) -> bool:
 def _largest(transfers: list[dict]) -> str:
     biggest = max(transfers, key=lambda t: t["bytes"] or 0)
     shape = "x".join(map(str, biggest["shape"] or [])) or "scalar"
-    return f"largest tensor {biggest['tensor']} ({biggest['dtype']}[{shape}], {biggest['bytes']:,} bytes)"
+    return (f"largest tensor {biggest['tensor']} ({biggest['dtype']}[{shape}], "
+            f"{biggest['bytes']:,} bytes)")
 
 
 def violations(entries: list[dict], budget: Budget, step: str = "train") -> list[str]:

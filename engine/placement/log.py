@@ -276,7 +276,8 @@ def _op(node, step: str, requested: str | None, towers: Sequence[str],
             stray = f"asked for {wanted}, moved to {assigned} by soft placement"
     expected = report.wanted_device(owner, wanted, towers)
     reason = None
-    if expected and canonical(expected) and assigned != expected and node.op not in ("_Arg", "_Retval"):
+    if (expected and canonical(expected) and assigned != expected
+            and node.op not in ("_Arg", "_Retval")):
         reason = reasons.reason(facts, node.name, assigned)
     return {
         "kind": "op",
@@ -423,4 +424,5 @@ def stray_message(strays: Sequence[dict]) -> str:
     """One line naming the stray ops and where they ran."""
     shown = "; ".join(f"{r['name']} ({r['op']}): {r['stray']}" for r in strays[:5])
     more = f"; and {len(strays) - 5} more" if len(strays) > 5 else ""
-    return f"<strict_placement>: {len(strays)} stray op(s) in the {strays[0]['step']} step: {shown}{more}"
+    return (f"<strict_placement>: {len(strays)} stray op(s) in the {strays[0]['step']} step: "
+            f"{shown}{more}")

@@ -112,7 +112,8 @@ def reason(facts: GraphFacts, name: str, assigned: str) -> str:
     """
     variable = facts.resource_of(name)
     if variable:  # engine.placement.report parses this one (_COLOCATED)
-        return f"colocated with variable {variable} on {assigned} (a resource's ops run where it lives)"
+        return (f"colocated with variable {variable} on {assigned} (a resource's ops run "
+                "where it lives)")
     target = facts.colocated_with(name)
     if target:
         return f"colocated with {target} on {assigned} (a colocation constraint)"

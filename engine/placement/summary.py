@@ -246,7 +246,8 @@ def diff(a: Sequence[dict], b: Sequence[dict]) -> str:
         ]
         for label, only in (("A", ops_a.keys() - ops_b.keys()), ("B", ops_b.keys() - ops_a.keys())):
             lines.append(f"  ops only in {label} ({len(only)}):")
-            lines += [f"    {n} ({(ops_a if label == 'A' else ops_b)[n]['assigned']})" for n in sorted(only)]
+            side = ops_a if label == "A" else ops_b
+            lines += [f"    {n} ({side[n]['assigned']})" for n in sorted(only)]
         mat_a, mat_b = matrix(a, step), matrix(b, step)
         changes = sorted(
             (pair, mat_a.get(pair, 0), mat_b.get(pair, 0))

@@ -28,7 +28,8 @@ def size_text(nbytes: int) -> str:
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if nbytes >= scale:
             value = nbytes / scale
-            return f"{value:.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.1f} {unit}"
+            whole = value >= 10 or value == int(value)
+            return f"{value:.0f} {unit}" if whole else f"{value:.1f} {unit}"
     return f"{nbytes} B"
 
 

@@ -85,7 +85,8 @@ class ErrorFeedback(StatefulReducer):
                     arrived = [tuple(part[d][k] for part in parts) for k in range(n)]
                     with tf.device(destination):
                         total = self.decompress(arrived, size)
-                        out[d].append(tf.reshape(total / tf.cast(n, total.dtype), tf.shape(grads[0])))
+                        mean = total / tf.cast(n, total.dtype)
+                        out[d].append(tf.reshape(mean, tf.shape(grads[0])))
         return out
 
     def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:

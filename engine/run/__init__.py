@@ -2,4 +2,5 @@
 training them, checkpoints, signals, the non-finite guard, summaries
 and the watchdog."""
 
-__all__ = ["build", "checkpoint", "choices", "describe", "guard", "options", "outputs", "session", "signals", "summaries", "train", "watchdog", "watchers"]
+__all__ = ["build", "checkpoint", "choices", "describe", "guard", "options", "outputs", "session",
+           "signals", "summaries", "train", "watchdog", "watchers"]

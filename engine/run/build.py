@@ -20,11 +20,11 @@ from engine.core.step import TowerStep
 from engine.errors import UsageError
 from engine.topology.devices import Placement
 
-__all__ = ["Towers", "build", "check_outputs", "tower_iterators"]
+__all__ = ["BuiltRun", "build", "check_outputs", "tower_iterators"]
 
 
 @dataclasses.dataclass
-class Towers:
+class BuiltRun:
     """A built run: the step functions and each tower's iterators."""
 
     step: TowerStep
@@ -38,7 +38,7 @@ def build(
     model_options: ModelOptions,
     reducer_options: reducers.ReducerOptions,
     val_size: int | None,
-) -> Towers:
+) -> BuiltRun:
     """Creates the model(s) and optimizer(s) where the variable mode puts them,
     the reducer, and one DALI dataset per tower (and per split) on its device."""
     keras.utils.set_random_seed(model_options.seed)
@@ -77,7 +77,7 @@ def build(
             batch_size=data_options.batch_size,
             num_towers=len(placement.towers),
         )
-    return Towers(step, train_iterators, held_out)
+    return BuiltRun(step, train_iterators, held_out)
 
 
 def tower_iterators(

@@ -175,7 +175,8 @@ class Checkpoints:
                 status.expect_partial()
             except LOST_CONNECTION:
                 raise  # a worker is gone: not the file's fault, and no older one helps
-            except Exception as err:  # a damaged file fails in many ways (IndexError, DataLossError, ...)
+            # A damaged file fails in many ways (IndexError, DataLossError, ...).
+            except Exception as err:
                 reason = str(err).strip().splitlines()[0][:160]
                 self.warn(f"checkpoint {path} cannot be restored ({reason}); trying an older one")
                 continue

@@ -18,7 +18,7 @@ from engine.core.progress import EpochProgress, Voice
 from engine.placement import summary as placement_summary_lib
 from engine.placement.log import PlacementLog
 from engine.run import outputs
-from engine.run.build import Towers, build
+from engine.run.build import BuiltRun, build
 from engine.run.checkpoint import (
     Checkpoints,
     saveable_iterators,
@@ -46,7 +46,7 @@ def train(
     stream: TextIO = sys.stdout,
     stop: GracefulStop | None = None,
     watchdog: Watchdog | None = None,
-    towers: Towers | None = None,
+    built: BuiltRun | None = None,
     *,
     voice: Voice | None = None,
     verbose: int = 1,
@@ -64,7 +64,7 @@ def train(
       stop: stops the run at the next safe point after a signal.
       watchdog: with a cluster, every step, the building of the towers and
         every checkpoint save and restore run under its deadline.
-      towers: towers built earlier (by `build`) to go on training.
+      built: a run built earlier (by `build`) to go on training.
       voice: how the header, notes and warnings are said (default: in
         Python terms, on `stream`).
       verbose: 0 prints nothing but warnings, 1 the header and a live
@@ -93,33 +93,33 @@ def train(
         saved = saved_signature(options.checkpoints.directory)
         if saved is not None:
             check_signature(*saved, signature)
-    if towers is None:
-        towers = guard(
+    if built is None:
+        built = guard(
             "building the towers", build,
             placement, options.data, options.model, options.reducer, info.val_size,
         )
-    voice.header(describe(placement, options, towers.step.model, info, towers.step.reducer))
+    voice.header(describe(placement, options, built.step.model, info, built.step.reducer))
     run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite,
                                    warn=voice.warn)]
     saver = None
     if options.checkpoints.directory:
-        saver = _checkpoints(placement, options, towers, signature, voice, guard)
+        saver = _checkpoints(placement, options, built, signature, voice, guard)
         run_watchers.append(saver)
     summaries = None
     if options.logdir:
         summaries = Summaries(
-            options.logdir, options.profile_steps, int(towers.step.global_step.numpy()),
+            options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
             options.loop.steps_per_loop,
         )
         run_watchers.append(summaries)
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
-    log = _placement_log(placement, options, towers)
+    log = _placement_log(placement, options, built)
     call = log.call if log is not None else loop.plain_call
     if watchdog is not None:
         call = watchdog.wrap_call(call)
     try:
-        history = loop.run(towers.step, towers.train_iterators, towers.held_out, options.loop,
+        history = loop.run(built.step, built.train_iterators, built.held_out, options.loop,
                            EpochProgress(stream, verbose=verbose), call,
                            [*run_watchers, *watchers])
     except StopRequested as stopped:
@@ -136,27 +136,27 @@ def train(
     return history
 
 
-def _checkpoints(placement: Placement, options: TrainOptions, towers: Towers, signature: str,
+def _checkpoints(placement: Placement, options: TrainOptions, built: BuiltRun, signature: str,
                  voice: Voice, guard) -> CheckpointWatcher:
     """The run's checkpoints: room for one checked, the newest restored when
     resuming (refused if another run wrote it), and the watcher that saves."""
     outputs.check_room("checkpoint_dir", options.checkpoints.directory,
-                       state_bytes(towers.step.trackables()))
+                       state_bytes(built.step.trackables()))
     run = tf.Variable(signature, trainable=False)
-    state = {**towers.step.trackables(), "run": run,
-             "train_data": saveable_iterators(placement.towers, towers.train_iterators)}
-    if towers.held_out is not None:
+    state = {**built.step.trackables(), "run": run,
+             "train_data": saveable_iterators(placement.towers, built.train_iterators)}
+    if built.held_out is not None:
         state["held_out"] = [
-            *saveable_iterators(placement.towers, towers.held_out.iterators),
-            towers.held_out.position,
+            *saveable_iterators(placement.towers, built.held_out.iterators),
+            built.held_out.position,
         ]
     checkpoints = Checkpoints(options.checkpoints, state, warn=voice.warn)
     if options.checkpoints.resume:
         path = guard("restoring a checkpoint", checkpoints.restore)
         if path:
             check_signature(path, run.numpy().decode(), signature)
-            voice.say(f"resumed from {path} at step {int(towers.step.global_step.numpy())}"
-                      + replay_gpu_readers(placement, towers, voice.say, guard))
+            voice.say(f"resumed from {path} at step {int(built.step.global_step.numpy())}"
+                      + replay_gpu_readers(placement, built, voice.say, guard))
         else:
             voice.say(f"<resume>: no checkpoint in {options.checkpoints.directory} yet; "
                       "starting from the beginning")
@@ -164,14 +164,14 @@ def _checkpoints(placement: Placement, options: TrainOptions, towers: Towers, si
 
 
 def _placement_log(placement: Placement, options: TrainOptions,
-                   towers: Towers) -> PlacementLog | None:
+                   built: BuiltRun) -> PlacementLog | None:
     """The placement log that captures the first train and eval steps, or
     None when nothing is to be captured."""
     if not options.placement.capture:
         return None
     return PlacementLog(
         options.placement.log_path,
-        run_info(placement, options, towers.step.model, towers.step.reducer),
+        run_info(placement, options, built.step.model, built.step.reducer),
         strict=options.placement.strict,
         timings=options.placement.timings and options.placement.log_path is not None,
         max_transfer_bytes=options.placement.max_transfer_bytes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine import data
 from engine.core.options import LoopOptions
-from engine.run.build import Towers
+from engine.run.build import BuiltRun
 from engine.run.checkpoint import Checkpoints, replay
 from engine.run.signals import GracefulStop
 from engine.topology.devices import Placement
@@ -62,7 +62,7 @@ class SignalWatcher:
             self.stop.check(step)
 
 
-def replay_gpu_readers(placement: Placement, towers: Towers, say, guard=None) -> str:
+def replay_gpu_readers(placement: Placement, built: BuiltRun, say, guard=None) -> str:
     """Puts the GPU towers' readers where the restored run left them, by
     reading and dropping the batches it had taken; returns what to add to
     the resume line.
@@ -75,9 +75,9 @@ def replay_gpu_readers(placement: Placement, towers: Towers, say, guard=None) ->
     if not gpu:
         return ""
     devices = [t.device for t in gpu]
-    steps = int(towers.step.global_step.numpy())
-    splits = [(towers.train_iterators, steps)]
-    held_out = towers.held_out
+    steps = int(built.step.global_step.numpy())
+    splits = [(built.train_iterators, steps)]
+    held_out = built.held_out
     if held_out is not None:
         per_pass = data.eval_batches(held_out.size, held_out.batch_size, held_out.num_towers)
         splits.append((held_out.iterators, int(held_out.position.numpy()) % per_pass))

@@ -4,4 +4,5 @@
 errors, `train_flags` tower-train's flags, `cost_tables` what
 tower-reduce-bench prints for the cost model."""
 
-__all__ = ["common", "cost_tables", "data", "placement", "reduce_bench", "train", "train_flags", "worker"]
+__all__ = ["common", "cost_tables", "data", "placement", "reduce_bench", "train", "train_flags",
+           "worker"]

@@ -72,7 +72,8 @@ def prepare(reducer_name, placement, shapes, options, variables, topology=None) 
     devices = placement.devices
     predicted = None
     destinations = list(devices) if variables == "replicated" else [placement.reduce_device]
-    if reducers.stateful_part(reducer) is not None:  # topk, signsgd, powersgd: built for this one tensor
+    # topk, signsgd, powersgd: built for this one tensor.
+    if reducers.stateful_part(reducer) is not None:
         import tensorflow as tf
 
         build_for(reducer, shapes, devices, destinations, tf.float32)
@@ -160,7 +161,8 @@ def table(rows) -> str:
             f"{ratio:>13}{busiest:>12}"
         )
     lines.append("algbw, busbw: GB/s as nccl-tests define them (busbw = algbw x 2(n-1)/n "
-                 "for an all-reduce)" + ("; error: model against the fastest call" if predicted else ""))
+                 "for an all-reduce)"
+                 + ("; error: model against the fastest call" if predicted else ""))
     return "\n".join(lines)
 
 
