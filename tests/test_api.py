@@ -31,6 +31,7 @@ def test_the_readme_example_is_the_script():
     assert code == body
 
 
+@pytest.mark.slow
 def test_the_readme_example_trains_real_mnist_to_95_percent(mnist_dir, tmp_path):
     # towers.data.mnist() reads $XDG_CACHE_HOME/tower-train/mnist: point it here.
     (tmp_path / "tower-train").mkdir()
@@ -51,6 +52,7 @@ trainer.fit(epochs=2, steps_per_epoch=15, eval_steps=4, metrics=sys.argv[2])
 """
 
 
+@pytest.mark.slow
 def test_the_cli_and_the_api_give_identical_losses(mnist_dir, tmp_path):
     cli_metrics, api_metrics = tmp_path / "cli.jsonl", tmp_path / "api.jsonl"
     cli = run_cli("tower-train", "--devices", "cpu:2", "--model", "lenet", "--reducer", "ring",
@@ -82,6 +84,7 @@ def test_a_user_pipeline_trains_through_the_api(mnist_dir, monkeypatch):
     assert record["eval_accuracy"] > 0.85
 
 
+@pytest.mark.slow
 def test_a_user_pipeline_trains_through_the_cli(mnist_dir, monkeypatch):
     monkeypatch.setenv("TOWER_TEST_MNIST", mnist_dir)
     result = run_cli("tower-train", "--devices", "cpu:2", "--data-pipeline",
@@ -126,6 +129,7 @@ def test_a_user_reducer_that_raises_is_named_in_one_line():
     assert isinstance(err.value.original, ValueError)  # the user's frames, for --debug
 
 
+@pytest.mark.slow
 def test_a_user_reducer_that_raises_from_the_cli(tmp_path):
     result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
                      "--reducer", "tests.user_reducers:raises", "--epochs", "1",

@@ -142,6 +142,7 @@ def test_tower_data_names_a_bad_source(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_mnist_on_two_cpu_towers_reaches_the_target_accuracy(mnist_dir, tmp_path):
     """The issue's acceptance run: 5 x 100 steps of 2 x 64 real digits."""
     metrics = tmp_path / "metrics.jsonl"
@@ -164,6 +165,7 @@ def test_mnist_on_two_cpu_towers_reaches_the_target_accuracy(mnist_dir, tmp_path
     assert last["images_per_sec"] > 0 and last["seconds"] > 0
 
 
+@pytest.mark.slow
 def test_lenet_trains_on_four_towers_with_a_user_reduce_device(mnist_dir, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     result = run_cli(
@@ -179,6 +181,7 @@ def test_lenet_trains_on_four_towers_with_a_user_reduce_device(mnist_dir, tmp_pa
     assert records[-1]["eval_accuracy"] >= 0.85
 
 
+@pytest.mark.slow
 def test_user_model_function_is_loaded(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     result = run_cli(

@@ -96,6 +96,7 @@ def read_metrics(path) -> list[dict]:
         return [json.loads(line) for line in stream]
 
 
+@pytest.mark.slow
 def test_mnist_on_two_workers_matches_one_process(mnist_dir, tmp_path, processes):
     """Two towers on two worker processes train exactly as two towers on one
     process: the same shards, the same reduction, the same numbers."""
@@ -155,6 +156,7 @@ def central_on_one_host(mnist_dir, tmp_path_factory):
     return here
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("central_on_one_host")  # its fixture runs once
 @pytest.mark.parametrize("reducer", ["ring", "collective"])
 def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, processes, reducer,
@@ -188,6 +190,7 @@ def last_error_after(run: subprocess.Popen, fault) -> str:
     return err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path, processes):
     """The two-host layout (a chief), on loopback: a worker killed mid-run is
     named within seconds; restarted, the run resumes from its checkpoint with
@@ -219,6 +222,7 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
     assert w0.stop()[0] == 0  # the surviving worker served both runs and stops cleanly
 
 
+@pytest.mark.slow
 def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, processes):
     up = processes.worker()
     down = f"127.0.0.1:{free_port()}"
@@ -240,6 +244,7 @@ def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, processes):
     assert f"waiting for /job:worker/task:1 at {down}" in result.stdout
 
 
+@pytest.mark.slow
 def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, processes):
     """A worker that stops answering (SIGSTOP) would make TensorFlow wait
     forever; the step timeout ends the run and says what it found."""

@@ -152,6 +152,7 @@ class TestGatherOnFirst(conformance.ReducerTestBase):
         return gather_on_first
 
 
+@pytest.mark.slow
 def test_check_from_the_command_line():
     summed = run_cli("tower-reduce-bench", "--check", "tests.conformance_reducers:summed",
                      "--devices", "cpu:3")

@@ -332,6 +332,7 @@ def test_the_readme_python_block_prints_the_dgx1_predictions(capsys):
     ]
 
 
+@pytest.mark.slow
 def test_the_measured_bench_moves_each_reducers_ideal_bytes_and_auto_its_choices(tmp_path):
     # Measured tables only come from the CLI: it configures the devices.
     rows_path = tmp_path / "rows.json"

@@ -55,6 +55,7 @@ def wait_for_checkpoint(directory, name, process, timeout=120):
 STATEFUL = ["--variables", "replicated", "--reducer"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices, reducer", [
     ("cpu:2", []), pytest.param("gpu:2", [], marks=needs_gpu),
     ("cpu:2", [*STATEFUL, "powersgd"]),
@@ -95,6 +96,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, code, devices",
     [(signal.SIGINT, 130, "cpu:2"), (signal.SIGTERM, 143, "cpu:2"),
@@ -126,6 +128,7 @@ def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signu
     assert state(directory / f"ckpt-{step}")["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     directory = tmp_path / "ck"
     args = ["--devices", "cpu:2", "--data-format", "synthetic", "--steps-per-epoch", "5",
@@ -146,6 +149,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert (directory / "ckpt-15.index").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_loop", ["1", "4"])
 def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpoint(
     tmp_path, per_loop
@@ -170,6 +174,7 @@ def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpo
                if isinstance(v, np.ndarray) and v.dtype.kind == "f")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_loop", ["1", "4"])
 def test_skip_nonfinite_skips_and_counts(tmp_path, per_loop):
     metrics = tmp_path / "m.jsonl"
@@ -187,6 +192,7 @@ def test_skip_nonfinite_skips_and_counts(tmp_path, per_loop):
     assert " - skipped: 3" in end and "overflows" not in end, end
 
 
+@pytest.mark.slow
 def test_deterministic_runs_give_identical_losses_and_weights(mnist_dir, tmp_path):
     runs = []
     for name in ("a", "b"):
@@ -238,6 +244,7 @@ def read_scalars(logdir):
     return out
 
 
+@pytest.mark.slow
 def test_logdir_gets_scalars_and_the_profiled_steps(tmp_path):
     logdir = tmp_path / "tb"
     metrics = tmp_path / "m.jsonl"
@@ -257,6 +264,7 @@ def test_logdir_gets_scalars_and_the_profiled_steps(tmp_path):
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_loops_of_steps_write_a_scalar_per_loop_and_trace_the_asked_steps(tmp_path):
     """--steps-per-loop 4 with --profile-steps 10:11: loops end at 1, 4, 6
     (the epoch), 8, 12; steps 10 and 11 sit in the loop 9-12, which is
@@ -300,11 +308,13 @@ def assert_names_the_bad_sample(data_dir, batch_size, sample):
         + re.escape(f"{sample}; remove or replace what is not a valid image"), last), last
 
 
+@pytest.mark.slow
 def test_a_corrupt_lmdb_record_is_named_with_the_tower(tmp_path, digits):
     write_lmdb_with_a_bad_record(tmp_path / "train", digits, bad_index=41)
     assert_names_the_bad_sample(tmp_path, 8, f"{tmp_path}/train record 41 (key 00000041)")
 
 
+@pytest.mark.slow
 def test_an_unreadable_image_file_is_named(tmp_path, digits):
     from engine.data import records
 
@@ -317,6 +327,7 @@ def test_an_unreadable_image_file_is_named(tmp_path, digits):
     assert_names_the_bad_sample(tmp_path, 4, f"{tmp_path}/train/b/03.png")
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_list_still_finds_the_checkpoints(tmp_path):
     directory = tmp_path / "ck"
     args = ["--devices", "cpu:2", "--data-format", "synthetic", "--steps-per-epoch", "4",

@@ -184,6 +184,7 @@ def test_bad_values_are_refused_before_tensorflow_starts():
         assert error_line(result)
 
 
+@pytest.mark.slow
 def test_import_towers_prints_no_cpp_logs():
     """On a machine without a GPU TensorFlow would print its start-up banner
     and a cuInit error; after `import towers`, nothing, whoever imports it."""
@@ -199,6 +200,7 @@ def test_import_towers_prints_no_cpp_logs():
     assert loud.returncode == 0 and loud.stderr != ""
 
 
+@pytest.mark.slow
 def test_starting_tensorflow_is_said_before_the_wait():
     result = run_cli("tower-train", "--devices", "cpu:1", "--data-format", "synthetic",
                      "--epochs", "1", "--steps-per-epoch", "1", "--eval-steps", "0")

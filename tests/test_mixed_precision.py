@@ -66,6 +66,7 @@ def test_policy_makes_layers_compute_in_bfloat16_with_float32_variables():
     assert keras.config.dtype_policy().name == "float32"  # restored after building
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "compute_dtype, loss_scale", [("bfloat16", None), ("float16", DynamicLossScale)]
 )
@@ -88,6 +89,7 @@ def test_mixed_precision_tracks_float32(digits, float32_losses, compute_dtype, l
         assert float(step.loss_scale.scale.numpy()) == 2.0**15 / 2**overflows
 
 
+@pytest.mark.slow
 def test_an_overflowing_loss_scale_halves_and_skips_until_it_fits(digits, tmp_path):
     initial = 2.0**30  # float16 overflows above 65504: the first steps must fail
     step = make_step("float16", lambda device: DynamicLossScale(device, initial=initial))
@@ -197,6 +199,7 @@ def test_mixed_cpu_and_gpu_towers_are_refused():
     )
 
 
+@pytest.mark.slow
 def test_mixed_precision_run_through_the_cli(mnist_dir, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     result = run_cli(

@@ -44,6 +44,7 @@ def _write_idx(path, array, magic):
         stream.write(header + array.astype(np.uint8).tobytes())
 
 
+@pytest.mark.slow
 def test_idx_files_give_the_same_digits(digits, tmp_path):
     _write_idx(tmp_path / "train-images-idx3-ubyte.gz", digits.train_images, 2051)
     _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", digits.train_labels, 2049)

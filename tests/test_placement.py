@@ -46,6 +46,7 @@ def logs(mnist_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_towers_run_on_their_devices_and_the_update_on_the_reduce_device(logs, n):
     _, entries = logs[n]
@@ -66,6 +67,7 @@ def test_towers_run_on_their_devices_and_the_update_on_the_reduce_device(logs, n
     assert placement_report.strays(entries) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_transfer_matrix_matches_the_parameter_count(logs, n):
     _, entries = logs[n]
@@ -105,6 +107,7 @@ def test_shapes_of_sent_tensors_are_resolved(logs):
     assert sum(t["bytes"] for t in gradients) == 407_080
 
 
+@pytest.mark.slow
 def test_a_tower_op_outside_its_device_is_stray(mnist_dir, tmp_path):
     result, log = train_with_log(mnist_dir, tmp_path, "cpu:2", "--model",
                                  "tests.user_models:misplaced")
@@ -115,6 +118,7 @@ def test_a_tower_op_outside_its_device_is_stray(mnist_dir, tmp_path):
     assert "tower 1 op ran on /cpu:0, not on /cpu:1" in result.stdout
 
 
+@pytest.mark.slow
 def test_strict_placement_stops_on_the_first_step_naming_the_op(mnist_dir, tmp_path):
     result, log = train_with_log(mnist_dir, tmp_path, "cpu:2", "--model",
                                  "tests.user_models:misplaced", "--strict-placement")
@@ -265,6 +269,7 @@ def test_summary_command_refuses_a_file_that_is_not_a_log(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_log_device_placement_passes_through_to_tensorflow():
     args = ["--devices", "cpu:2", "--data-format", "synthetic", "--epochs", "1",
             "--steps-per-epoch", "2"]
@@ -414,6 +419,7 @@ def test_check_command_fails_over_a_budget_and_passes_under_it(logs):
     )
 
 
+@pytest.mark.slow
 def test_max_transfer_bytes_stops_the_run_after_the_first_step(mnist_dir, tmp_path):
     metrics = tmp_path / "m.jsonl"
     result = run_cli(
@@ -514,6 +520,7 @@ def test_the_python_api_reads_the_log_as_the_command_does(logs, tmp_path):
     assert over.startswith(f"all devices: {total:,} bytes per train step, over the budget of ")
 
 
+@pytest.mark.slow
 def test_the_readme_python_block_runs(tmp_path):
     """The README's "In Python" example, as written, in a fresh process."""
     with open(os.path.join(REPO, "README.md")) as stream:

@@ -244,6 +244,7 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
     assert int(step.global_step.numpy()) == 3
 
 
+@pytest.mark.slow
 def test_user_reducer_trains_from_the_command_line(tmp_path):
     metrics = tmp_path / "m.jsonl"
     result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
@@ -266,6 +267,7 @@ def test_nccl_on_cpu_towers_exits_2_from_the_command_line():
     )
 
 
+@pytest.mark.slow
 def test_replicated_mnist_reaches_the_default_accuracy(mnist_dir, tmp_path):
     """Replicated variables with the ring, their copies compared every 50
     steps, train as well as the default (central, reduce-device variables)

@@ -41,6 +41,7 @@ def train_step_bytes(mnist_dir, tmp_path, reducer):
     return sum(report.matrix(entries, "train").values()), report.run_info(entries), entries
 
 
+@pytest.mark.slow
 def test_compressed_reducers_move_a_few_percent_of_dense_ring_as_derived(mnist_dir, tmp_path):
     dense, _, _ = train_step_bytes(mnist_dir, tmp_path, "ring")
     assert dense == pytest.approx(2 * 3 * 407_080, rel=1e-3)  # 2(N-1) P, plus the metrics
@@ -76,6 +77,7 @@ def dense_accuracy(mnist_dir):
 
 # signsgd's margin moves most with the CPU's arithmetic: at seed 1, -1.91
 # points here (oneDNN), -0.83 with oneDNN off, -2.13 on CI's CPU; hence 3.
+@pytest.mark.slow
 @pytest.mark.xdist_group("dense_accuracy")  # the dense run once, on one worker
 @pytest.mark.parametrize("reducer, allowed", [
     ("topk", 0.02), ("powersgd", 0.02), ("signsgd", 0.03), ("localsgd:every=8", 0.01)])

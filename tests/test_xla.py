@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import digit_iterators, run_cli
 
@@ -78,6 +79,7 @@ def test_xla_training_decreases_the_loss_like_the_plain_step(digits):
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_an_xla_compiled_update_trains_like_the_plain_one(digits):
     """--xla compiles each replica's Adam update too: the same weights, to float
     rounding, with every replica still identical."""
@@ -120,6 +122,7 @@ def test_xla_towers_take_the_loss_scale_from_the_reduce_device(digits):
     assert int(step.steps.numpy()) == 20 - sum(overflows) > 0
 
 
+@pytest.mark.slow
 def test_xla_run_keeps_each_tower_on_its_device(mnist_dir, tmp_path):
     """Through the CLI, with the placement log and --strict-placement on."""
     log = tmp_path / "xla.jsonl"
