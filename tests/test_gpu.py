@@ -163,23 +163,38 @@ def test_float16_and_xla_on_gpu_towers(mnist_dir, tmp_path, flags, compute):
         assert record["loss_scale"] >= 1.0 and record["skipped"] == 0
 
 
-# The copies between the host and a GPU tower that each setting's step makes,
-# by what they carry, and why they remain: (dtype, shape) -> count.
+# The copies between the host and a GPU tower's memory that each setting's
+# step may make, by the tensor they carry, and why they remain. Seen on an
+# H100 (2026-12-05) without XLA: the labels, int32, which TensorFlow's GPU
+# kernels take in host memory, their reshape, and the non-finite skip's
+# predicate. Nothing float may cross: no weight, gradient, metric sum, loss
+# or loss scale.
+LABELS = ("input_0/IteratorGetNext:1", "int32")
 HOST_COPIES = {
-    # The whole step is one XLA program on the tower's GPU: none.
-    "default": {},
-    # Without XLA, the variables on the GPU: the non-finite skip's tf.cond
-    # becomes a Switch whose predicate a GPU kernel takes in host memory.
-    "xla=False": {("bool", ()): 1},
+    # The whole step is one XLA program on the tower's GPU: at most the labels
+    # on their way into it.
+    "default": {LABELS, ("tower_0/Reshape:0", "int32")},
+    # Without XLA, the tf.cond of the non-finite skip becomes a Switch whose
+    # predicate a GPU kernel takes in host memory.
+    "xla=False": {LABELS, ("tower_0/Reshape:0", "int32"), ("update/All:0", "bool")},
 }
+
+
+def host_copies(entries) -> list[dict]:
+    """The train step's transfers that touch host memory: to or from a CPU,
+    or between a GPU kernel and host memory on the GPU's own device."""
+    return [t for t in placement_report.transfers(entries, "train")
+            if not t["control"] and ("/cpu:" in t["src"] + t["dst"] or t["via"] == "_HostSend"
+                                     or t["src"] == t["dst"])]
 
 
 @pytest.mark.parametrize("setting", list(HOST_COPIES))
 def test_a_gpu_towers_step_makes_no_host_copies_beyond_those_listed(tmp_path, setting):
-    """One GPU tower with float16 and loss scaling: the step's transfers
-    between the host and the GPU, counted from its partitioned graphs, are
-    exactly those listed for its setting (HOST_COPIES): metric sums, loop
-    counters, the loss scale and the non-finite flags stay on the GPU."""
+    """One GPU tower with float16 and loss scaling: the step's transfers that
+    touch host memory, counted from its partitioned graphs, are among those
+    listed for its setting (HOST_COPIES) and carry no float tensor: metric
+    sums, loop counters, the loss scale and the non-finite flags stay on the
+    GPU; without XLA the skip's predicate is the one scalar that crosses."""
     import io
 
     import towers
@@ -194,15 +209,13 @@ def test_a_gpu_towers_step_makes_no_host_copies_beyond_those_listed(tmp_path, se
     assert "  chosen   variables on /gpu:0, the tower's own GPU" in header
     if setting == "default":
         assert "  chosen   XLA: the whole step (forward, backward, loss scale" in header
-    entries = placement_report.load(str(log))
-    copies = {}
-    for t in placement_report.transfers(entries, "train"):
-        if not t["control"] and "/cpu:" in t["src"] + t["dst"]:
-            key = (t["dtype"], tuple(t["shape"] or ()))
-            copies[key] = copies.get(key, 0) + 1
-    assert copies == HOST_COPIES[setting], [
-        (t["tensor"], t["src"], t["dst"], t["dtype"], t["shape"], t["reason"])
-        for t in placement_report.transfers(entries, "train")]
+    copies = host_copies(placement_report.load(str(log)))
+    seen = {(t["tensor"], t["dtype"]) for t in copies}
+    assert seen <= HOST_COPIES[setting], [
+        (t["tensor"], t["src"], t["dst"], t["dtype"], t["shape"], t["reason"]) for t in copies]
+    assert not [t for t in copies if t["dtype"].startswith(("float", "bfloat"))]
+    if setting == "default":
+        assert ("update/All:0", "bool") not in seen
 
 
 def test_placement_log_of_gpu_towers(mnist_dir, tmp_path):
