@@ -172,9 +172,18 @@ def test_all_reduce_across_workers_keeps_replicas_equal(mnist_dir, tmp_path, pro
     assert there["loss"] == pytest.approx(central_on_one_host["loss"], rel=1e-5)
 
 
-def wait_for_file(run: subprocess.Popen, path, seconds: float = 120) -> None:
+def wait_for_checkpoint(run: subprocess.Popen, directory, step: int,
+                        seconds: float = 120) -> None:
+    """Waits until `directory`'s `checkpoint` file names ckpt-`step` (or a
+    later one): the save is then complete, where its `.index` file alone may
+    appear while the save is still writing."""
+    state = directory / "checkpoint"
     deadline = time.monotonic() + seconds
-    while not path.exists():
+    while True:
+        if state.exists():
+            found = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', state.read_text(), re.M)
+            if found and int(found.group(1)) >= step:
+                return
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.2)
 
@@ -202,7 +211,7 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
                       "--epochs", "1", "--steps-per-epoch", "3000", "--eval-steps", "0",
                       "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20")
     run = processes.train(args)
-    wait_for_file(run, checkpoints / "ckpt-40.index")
+    wait_for_checkpoint(run, checkpoints, 40)
     line = last_error_after(run, w1.process.kill)
     assert line.startswith(
         f"tower-train: error: lost /job:worker/task:1 at {w1.address} (Connection refused); "
@@ -255,7 +264,7 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
                       "--step-timeout", "5", "--checkpoint-dir", str(checkpoints),
                       "--checkpoint-every", "20")
     run = processes.train(args)
-    wait_for_file(run, checkpoints / "ckpt-20.index")
+    wait_for_checkpoint(run, checkpoints, 20)
     last = last_error_after(run, lambda: w1.process.send_signal(signal.SIGSTOP))
     # Saves come every 20 steps, so the freeze lands in a step or in a save:
     # both wait on the worker, and both are under the deadline.
