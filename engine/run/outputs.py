@@ -73,6 +73,28 @@ def check_directory(argument: str, path: str | None) -> None:
             f"<{argument}> {path!r} cannot be {what}: {ancestor} is not writable; "
             "give a directory you can write"
         )
+    _probe_creation(argument, path, ancestor)
+
+
+def _probe_creation(argument: str, path: str, ancestor: str) -> None:
+    """Makes the missing folders of `path` and takes them away again: what
+    permissions do not show (a read-only or virtual file system) shows here,
+    before the run, and a refused run leaves nothing behind."""
+    missing = []
+    head = os.path.abspath(path)
+    while head != ancestor:
+        missing.append(head)
+        head = os.path.dirname(head)
+    try:
+        for folder in reversed(missing):
+            os.mkdir(folder)
+    except OSError as err:
+        raise UsageError(f"<{argument}> {path!r} cannot be created: {err.strerror}; "
+                         "give a directory you can write") from None
+    finally:
+        for folder in missing:
+            if os.path.isdir(folder):
+                os.rmdir(folder)
 
 
 def check_room(argument: str, path: str, needed_bytes: int, free_bytes: int | None = None) -> None:
