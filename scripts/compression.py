@@ -3,7 +3,7 @@
 Trains the mlp on 4 CPU towers with replicated variables, once per reducer,
 for 3 epochs, and prints one markdown row per reducer: the bytes a train step
 sends (the placement log's figure), what the reducer's module derives, the
-share of dense ring's bytes, and the eval accuracy. The README's table
+share of dense ring's bytes, and the eval accuracy. The table in the docs (Reducers with state)
 "Reducers with state" is this script's output.
 
     .venv/bin/python scripts/compression.py [--epochs 3] [--reducers ring,topk,...]

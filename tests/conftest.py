@@ -16,9 +16,12 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
 import pytest  # noqa: E402
+
+from engine import quiet  # noqa: E402
+
+# As `import towers` does: TensorFlow's C++ start-up logs stay off the output.
+quiet.quiet_tensorflow()
 
 from engine.topology import process  # noqa: E402
 

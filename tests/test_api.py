@@ -1,4 +1,4 @@
-"""The Python API: the README's example, the CLI as a thin layer over it, a
+"""The Python API: the docs' Python API example, the CLI as a thin layer over it, a
 user's own DALI pipeline, and one-line errors for the user's own code."""
 
 import json
@@ -16,23 +16,11 @@ import towers
 from engine.userfn import UserCodeError
 from towers.cli.train import FLAGS
 
-EXAMPLE = os.path.join(REPO, "scripts", "python_api_example.py")
-
-
-def test_the_readme_example_is_the_script():
-    """The README's "Python API" example is scripts/python_api_example.py, line for line."""
-    with open(os.path.join(REPO, "README.md")) as stream:
-        readme = stream.read()
-    with open(EXAMPLE) as stream:
-        script = stream.read()
-    section = readme.split("## Python API", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    body = script.split('"""', 2)[2].lstrip("\n")  # the script less its docstring
-    assert code == body
+EXAMPLE = os.path.join(REPO, "docs", "examples", "python_api.py")
 
 
 @pytest.mark.slow
-def test_the_readme_example_trains_real_mnist_to_95_percent(mnist_dir, tmp_path):
+def test_the_python_api_example_trains_real_mnist_to_95_percent(mnist_dir, tmp_path):
     # towers.data.mnist() reads $XDG_CACHE_HOME/tower-train/mnist: point it here.
     (tmp_path / "tower-train").mkdir()
     (tmp_path / "tower-train" / "mnist").symlink_to(mnist_dir)

@@ -313,25 +313,6 @@ def test_a_topology_is_only_for_auto():
         towers.Trainer(["/cpu:0"], reducer="ring", topology="dgx1-v100")
 
 
-def test_the_readme_python_block_prints_the_dgx1_predictions(capsys):
-    """The README's cost-model example, as written."""
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")) as stream:
-        readme = stream.read()
-    section = readme[readme.index("### Predicting reductions"):]
-    section = section[section.index("In Python:"):]
-    block = section[section.index("```python\n") + len("```python\n"):]
-    exec(block[:block.index("```")], {})
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [
-        "central      65536   0.415 ms busbw  0.28 GB/s",
-        "central   16777216  12.114 ms busbw  2.42 GB/s",
-        "ring         65536   1.087 ms busbw  0.11 GB/s",
-        "ring      16777216   8.442 ms busbw  3.48 GB/s",
-        "tree         65536   0.646 ms busbw  0.18 GB/s",
-        "tree      16777216   1.719 ms busbw 17.08 GB/s",
-    ]
-
-
 @pytest.mark.slow
 def test_the_measured_bench_moves_each_reducers_ideal_bytes_and_auto_its_choices(tmp_path):
     # Measured tables only come from the CLI: it configures the devices.

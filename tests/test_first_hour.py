@@ -156,7 +156,7 @@ def test_help_and_version_follow_click():
     assert towers.__version__ == "0.1.0"
 
 
-# The exit codes the README documents: 0 done, 1 a run that could not go on,
+# The exit codes the docs document (Troubleshooting): 0 done, 1 a run that could not go on,
 # 2 bad input (before anything is written).
 @pytest.mark.slow
 @pytest.mark.parametrize("args, code", [
@@ -263,7 +263,7 @@ def test_a_saved_model_loads_without_this_package(mnist_dir, tmp_path):
 @pytest.mark.slow
 def test_the_python_api_example_prints_only_its_own_lines():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    result = subprocess.run([os.path.join(BIN, "python"), "scripts/python_api_example.py"],
+    result = subprocess.run([os.path.join(BIN, "python"), "docs/examples/python_api.py"],
                             capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""

@@ -89,7 +89,7 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
     kinds = ("replicated",) if name == "localsgd" else ("replicated", "reduce-device")
     # PowerSGD's matmuls run in TF32 on a GPU by default; the result made on
     # the CPU reduce device would then differ from what the towers keep as
-    # sent by TF32's precision (README, "Reducers with state").
+    # sent by TF32's precision (docs: Reducers with state).
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(tf32 and name != "powersgd")
     try:
@@ -104,7 +104,7 @@ def test_every_stateful_reducer_passes_the_kit_between_logical_gpus(name):
         # TensorFlow keeps int32 tensors in host memory on a GPU: each
         # destination's copy of a tower's top-k indices costs one more
         # transfer than the figure, which counts the algorithm's bytes
-        # (README, "Reducers with state"). Everything else holds.
+        # (docs: Reducers with state). Everything else holds.
         extra = [r for r in rows if not r.passed]
         assert all(r.name == "traffic" and r.destinations == "replicated" for r in extra), extra
         rows = [r for r in rows if r.passed]

@@ -2,15 +2,12 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ElementTree
 
 import keras
 import pytest
 import tensorflow as tf
-from conftest import REPO, run_cli
+from conftest import run_cli
 
 from engine.core.losses import sparse_cross_entropy
 from engine.core.step import TowerStep
@@ -518,23 +515,6 @@ def test_the_python_api_reads_the_log_as_the_command_does(logs, tmp_path):
     assert towers.placement.check(log, towers.placement.Budget(max_total_bytes=total)) == []
     [over] = towers.placement.check(log, towers.placement.Budget(max_total_bytes=total - 1))
     assert over.startswith(f"all devices: {total:,} bytes per train step, over the budget of ")
-
-
-@pytest.mark.slow
-def test_the_readme_python_block_runs(tmp_path):
-    """The README's "In Python" example, as written, in a fresh process."""
-    with open(os.path.join(REPO, "README.md")) as stream:
-        readme = stream.read()
-    section = readme[readme.index("### In Python"):]
-    block = section[section.index("```python\n") + len("```python\n"):]
-    block = block[:block.index("```")]
-    env = {**os.environ, "PYTHONPATH": REPO}
-    result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "run.jsonl").exists() and (tmp_path / "step.json").exists()
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("['all devices: 814,") and "over the budget of 800,000" in last
 
 
 def test_trace_of_a_log_without_timings_is_one_line(logs, tmp_path):

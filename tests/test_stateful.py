@@ -84,7 +84,7 @@ def dense_accuracy(mnist_dir):
 def test_compressed_reducers_reach_dense_accuracy_on_real_mnist(mnist_dir, dense_accuracy,
                                                                 reducer, allowed):
     """4 towers, 3 epochs: topk and powersgd within 2 points of dense ring,
-    signsgd within 3, localsgd (every 8) within 1 (the README's table)."""
+    signsgd within 3, localsgd (every 8) within 1 (the table in docs: Reducers with state)."""
     assert dense_accuracy >= 0.96
     assert three_epochs(mnist_dir, reducer) >= dense_accuracy - allowed
 
@@ -301,12 +301,15 @@ def test_a_users_stateful_reducer_trains_and_resumes_exactly(mnist_dir, tmp_path
     assert any(np.abs(a.get_tensor(k)).max() > 0 for k in residuals)
 
 
-def test_the_readme_reducer_is_the_one_the_tests_train():
-    with open(os.path.join(REPO, "README.md")) as stream:
-        section = stream.read().split("### Reducers with state", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert code.startswith("import tensorflow as tf\nfrom towers.reducers import ")
-    assert code.endswith(inspect.getsource(Int8Feedback))
+def test_the_docs_show_the_reducer_the_tests_train():
+    with open(os.path.join(REPO, "docs", "src", "guides", "stateful-reducers.md")) as stream:
+        page = stream.read()
+    assert ('```python\n--8<-- "tests/user_reducers.py:imports"\n'
+            '--8<-- "tests/user_reducers.py:int8"\n```') in page
+    with open(os.path.join(REPO, "tests", "user_reducers.py")) as stream:
+        source = stream.read()
+    shown = source.split("# --8<-- [start:int8]\n", 1)[1].split("# --8<-- [end:int8]", 1)[0]
+    assert shown == inspect.getsource(Int8Feedback)
 
 
 def test_signs_pack_eight_to_a_byte_and_come_back_in_a_graph():

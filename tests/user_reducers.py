@@ -1,14 +1,18 @@
 """A user's own reducer, loaded by the CLI tests as tests.user_reducers:gather_on_first.
 
-The contract (README, "Your own reducer"): take every tower's gradients and
+The contract (docs: Guides, Reducers): take every tower's gradients and
 devices, return the mean for each destination device, placed there.
 """
 
+# --8<-- [start:imports]
 import tensorflow as tf
 
 from towers.reducers import StatefulReducer, all_gather
 
+# --8<-- [end:imports]
 
+
+# --8<-- [start:gather]
 def gather_on_first(tower_grads, devices, destinations):
     """Average on the first tower's device, then copy to each destination."""
     with tf.device(devices[0]):
@@ -18,6 +22,7 @@ def gather_on_first(tower_grads, devices, destinations):
         with tf.device(destination):
             out.append([tf.identity(m) for m in means])
     return out
+# --8<-- [end:gather]
 
 
 def summed(tower_grads, devices, destinations):
@@ -41,8 +46,9 @@ def raises(tower_grads, devices, destinations):
     raise ValueError("no reduction for you")
 
 
+# --8<-- [start:int8]
 class Int8Feedback(StatefulReducer):
-    """A user's stateful reducer (README, "Reducers with state"): each tower
+    """A user's stateful reducer (docs: Guides, Reducers with state): each tower
     sends its gradient plus its residual rounded to int8 with one float scale
     per tensor, keeps what the rounding lost, and every destination averages
     the towers' dequantised tensors."""
@@ -75,3 +81,4 @@ class Int8Feedback(StatefulReducer):
                     dequantised = [tf.cast(c, grads[0].dtype) * s for c, s in zip(code_d, scale_d)]
                     out[d].append(tf.add_n(dequantised) / len(devices))
         return out
+# --8<-- [end:int8]

@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 MODELLED = ("central", "ring", "tree", "hierarchical")
+"""The reducers the cost model predicts: a schedule of hops is written for each."""
 
 
 def reducers_for(names: Sequence[str | Callable], towers: Sequence[str], reduce_device: str,

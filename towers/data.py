@@ -43,6 +43,8 @@ def _cache() -> str:
 
 
 DEFAULT_MNIST = os.path.join(_cache(), "mnist")
+"""Where `mnist()` keeps the real digits: ~/.cache/tower-train/mnist (or under
+$XDG_CACHE_HOME), prepared on first use."""
 
 
 @dataclasses.dataclass(frozen=True)

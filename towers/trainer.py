@@ -60,12 +60,15 @@ class Trainer:
         `"package.module:function"` (or `:Class` of a
         `towers.reducers.StatefulReducer`); a function of (tower_grads,
         devices, destinations) returning the mean for each destination
-        (README, "Your own reducer"); or a StatefulReducer object (README,
-        "Reducers with state"), whose state is saved in checkpoints.
+        (docs: Guides, Reducers); or a StatefulReducer object (docs:
+        Guides, Reducers with state), whose state is saved in checkpoints.
       variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
       reduce_device: where variables live and gradients meet; default: the
         first tower's GPU when every tower is a GPU, else /cpu:0.
-      group_size, pack_bytes, compress: the reducer's options (README).
+      group_size: towers per group for `reducer="hierarchical"`.
+      pack_bytes: fuse gradients into buffers of about this many bytes,
+        last layer first, so that reduction overlaps the backward pass.
+      compress: `"fp16"` or `"bf16"`: move gradients in that dtype.
       topology: with `reducer="auto"`, the costs it chooses by: a topology
         file (`tower-reduce-bench --fit-links`), a built-in's name
         (`towers.cost.builtin_topologies()`) or a `towers.cost.Topology`;
@@ -80,12 +83,14 @@ class Trainer:
       seed: model initialisation, dropout and DALI's shuffling.
       deterministic: TensorFlow op determinism (process-wide).
       gpu_memory: MiB per logical GPU with `devices="gpu:N"`.
-      dali_threads, prefetch: DALI threads and queue depth per tower pipeline;
-        default threads: half the host's cores over GPU towers, a quarter
-        over CPU towers.
+      dali_threads: DALI threads per tower pipeline; default: half the
+        host's cores over GPU towers, a quarter over CPU towers.
+      prefetch: DALI's prefetch queue depth per tower pipeline.
       cluster: `"worker=h1:2222,h2:2222"` for remote towers; default
         TF_CONFIG's cluster, if set.
-      connect_timeout, step_timeout: seconds, with a cluster.
+      connect_timeout: seconds to wait at start for every cluster task.
+      step_timeout: seconds one step may take, with a cluster, before the
+        run stops and names the tasks that do not answer.
       check_reducer: before the first step, compare the reducer's result
         with the exact mean on gradients of the model's shapes, and stop
         with the measured factor when they differ.
@@ -304,9 +309,9 @@ class Trainer:
 
         Raises:
           UsageError: a bad argument, naming it; nothing has been written.
-          NonFiniteError, StrayPlacementError, TransferBudgetError,
-          ReplicaDriftError, CheckpointError: the run could not go on
-          (engine.errors.RunError).
+          RunError: the run could not go on (a subclass names why:
+            NonFiniteError, StrayPlacementError, TransferBudgetError,
+            ReplicaDriftError, CheckpointError).
           StopRequested: `stop` saw a signal (after a checkpoint was saved).
         """
         from engine.run import train as train_lib

@@ -118,9 +118,13 @@ def crossover(first: Callable, second: Callable, topology: Topology, towers: Seq
     """Where `second` overtakes `first`, found by bisection on the size.
 
     Args:
-      first, second: built reducers.
-      topology, towers, destinations: as for `predict_rows`.
-      low, high: the sizes in bytes to search between.
+      first: a built reducer.
+      second: the built reducer that may overtake it.
+      topology: the machine, as for `predict_rows`.
+      towers: the towers' devices, as for `predict_rows`.
+      destinations: where the mean goes, as for `predict_rows`.
+      low: the smallest size in bytes to search.
+      high: the largest size in bytes to search.
       precision: how close (relative) the answer is.
 
     Returns:

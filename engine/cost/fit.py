@@ -69,9 +69,9 @@ class FitOptions:
             raise ValueError(f"repeats ({self.repeats}) must be at least 1")
 
 
-# What reducer `auto` measures at start-up when given no topology: fewer
-# sizes and calls, a few seconds on a few devices.
 QUICK = FitOptions(sizes=tuple(1024 * 16 ** k for k in range(5)), repeats=7, warmup=2)
+"""What reducer `auto` measures at start-up when given no topology: fewer sizes and calls, a
+few seconds on a few devices."""
 
 
 @dataclasses.dataclass(frozen=True)

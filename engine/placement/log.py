@@ -9,26 +9,28 @@ run without it. Cross-device edges appear as `_Send`/`_Recv` (or
 (`name:port`) is looked up in the concrete function's graph.
 
 Log schema (JSON Lines), one object per line:
-  {"kind": "run", "towers": [device, ...], "reduce_device": str,
-   "parameter_bytes": int, "parameters": int, "batch_size": int,
-   "reducer": str, "variables": "reduce-device"|"replicated",
-   "compress": "fp16"|"bf16"|null, "model": str,
-   "reducer_choices": [[smallest bytes, largest bytes, reducer], ...]}
-  {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
-   "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
-   "input_tower": int|null, "stray": str|null, "inputs": [node name],
-   "reason": str|null}
-  {"kind": "transfer", "step": "train"|"eval", "tensor": "name:port",
-   "src": str, "dst": str, "dtype": str, "shape": [int]|null,
-   "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool,
-   "send": node name, "recv": node name|null, "reason": str|null}
-  A control transfer is a cross-device control edge: an ordering signal that
-  carries no data (bytes 0). An op's `inputs` are the nodes it waits for
-  (data and control); a `_Recv` among them is the `recv` of a transfer.
-  `reason` says why an op ran elsewhere than it asked for (or than its tower's
-  device, when it asked for none): engine.placement.reasons.
-  With timings (engine.placement.timeline), the next call of each captured
-  step adds `call`, `slice` and `memory` records.
+
+    {"kind": "run", "towers": [device, ...], "reduce_device": str,
+     "parameter_bytes": int, "parameters": int, "batch_size": int,
+     "reducer": str, "variables": "reduce-device"|"replicated",
+     "compress": "fp16"|"bf16"|null, "model": str,
+     "reducer_choices": [[smallest bytes, largest bytes, reducer], ...]}
+    {"kind": "op", "step": "train"|"eval", "name": str, "op": str,
+     "requested": str|null, "assigned": str, "tower": int|"input"|"reduce"|"other",
+     "input_tower": int|null, "stray": str|null, "inputs": [node name],
+     "reason": str|null}
+    {"kind": "transfer", "step": "train"|"eval", "tensor": "name:port",
+     "src": str, "dst": str, "dtype": str, "shape": [int]|null,
+     "bytes": int|null, "via": "_Send"|"_HostSend", "control": bool,
+     "send": node name, "recv": node name|null, "reason": str|null}
+
+A control transfer is a cross-device control edge: an ordering signal that
+carries no data (bytes 0). An op's `inputs` are the nodes it waits for
+(data and control); a `_Recv` among them is the `recv` of a transfer.
+`reason` says why an op ran elsewhere than it asked for (or than its tower's
+device, when it asked for none): engine.placement.reasons.
+With timings (engine.placement.timeline), the next call of each captured
+step adds `call`, `slice` and `memory` records.
 Devices are written short: `/cpu:1` when local, `/job:worker/task:1/cpu:0` on
 another task (see engine.topology.devices.canonical); `bytes` is
 per call of the step and null when the size cannot be known (never 0).

@@ -6,23 +6,24 @@ timings are not the step's); the next call of the same kind runs under the
 profiler (engine.placement.profile), with the same partitioned graphs and
 node names, and adds:
 
-  {"kind": "call", "step": str, "dur_us": float, "steps": int}
-      the function's run, wall time, and the steps it ran (several with
-      `steps_per_loop`); slices are timed from its start.
-  {"kind": "slice", "step": str, "name": node, "op": str, "device": str,
-   "phase": str, "start_us": float, "dur_us": float, "thread": int}
-      one execution of a node (a node in a loop runs several times).
-  {"kind": "memory", "step": str, "device": str, "peak_bytes": int,
-   "phases": {phase: peak bytes}, "samples": [[time_us, bytes in use], ...],
-   "allocators": [name, ...]}
-      bytes in use on the device by tensors allocated during the call, after
-      each allocation and free; a phase's peak is the most in use when an op
-      of that phase allocated. Tensors that outlive the call (variables,
-      the iterators' buffers) were allocated before it and are not counted.
-      `allocators` are the allocators that reported them: BFC allocators
-      (every GPU's; the CPU's once engine.topology.process has chosen it)
-      report every allocation; oneDNN's CPU allocator (`mklcpu`) only those
-      of 256 KiB or more; TensorFlow's default CPU allocator none.
+    {"kind": "call", "step": str, "dur_us": float, "steps": int}
+    {"kind": "slice", "step": str, "name": node, "op": str, "device": str,
+     "phase": str, "start_us": float, "dur_us": float, "thread": int}
+    {"kind": "memory", "step": str, "device": str, "peak_bytes": int,
+     "phases": {phase: peak bytes}, "samples": [[time_us, bytes in use], ...],
+     "allocators": [name, ...]}
+
+* `call`: the function's run, wall time, and the steps it ran (several with
+  `steps_per_loop`); slices are timed from its start.
+* `slice`: one execution of a node (a node in a loop runs several times).
+* `memory`: bytes in use on the device by tensors allocated during the call,
+  after each allocation and free; a phase's peak is the most in use when an
+  op of that phase allocated. Tensors that outlive the call (variables, the
+  iterators' buffers) were allocated before it and are not counted.
+  `allocators` are the allocators that reported them: BFC allocators (every
+  GPU's; the CPU's once engine.topology.process has chosen it) report every
+  allocation; oneDNN's CPU allocator (`mklcpu`) only those of 256 KiB or
+  more; TensorFlow's default CPU allocator none.
 
 On GPUs, slices are the kernels and copies on the GPU's streams (the host
 only launches them).

@@ -35,6 +35,7 @@ _STATEFUL_CLASSES = {
 STATEFUL_NAMES = tuple(_STATEFUL_CLASSES)
 BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl",
              *STATEFUL_NAMES, "auto")
+"""Every reducer name `reducer=` takes, stateful ones and `auto` included."""
 # The dtypes `compress` moves gradients in.
 COMPRESSION_DTYPES = ("fp16", "bf16")
 REDUCER_CONTRACT = (

@@ -36,6 +36,7 @@ from engine.reducers.tree import halving_doubling
 __all__ = ["ALGORITHMS", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
 ALGORITHMS = ("ring", "tree", "central")
+"""The schedules `all_reduce` and its kin take as `algorithm=`."""
 _PLAIN = Link()
 
 
@@ -118,7 +119,7 @@ def all_gather(
       link: how the hops travel.
 
     Returns:
-      out[d][k]: tower k's tensor on destinations[d].
+      `out[d][k]`: tower k's tensor on `destinations[d]`.
 
     Raises:
       ValueError: tensors of different shapes or dtypes, or not one per device.

@@ -121,7 +121,7 @@ _OPTIONS = [
         default=None,
         help="Your own DALI pipeline instead of --data: package.module:function taking "
         "one towers.data.Shard and returning a pipeline of (images, labels); "
-        "28x28x1 images, 10 classes (see the README).",
+        "28x28x1 images, 10 classes (docs: Data and your own pipeline).",
     ),
     click.option(
         "--model",
@@ -198,7 +198,7 @@ _OPTIONS = [
         "topk[:ratio=0.01], powersgd[:rank=2,start_after=0], signsgd, "
         "localsgd[:every=8] (with --variables replicated); auto (per gradient, "
         "the one the cost model predicts fastest; see --topology); or "
-        "package.module:function or :Class (see the README for the contract).",
+        "package.module:function or :Class (docs: Reducers, for the contract).",
     ),
     click.option(
         "--variables",

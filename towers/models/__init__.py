@@ -43,6 +43,8 @@ ZOO: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp, "lenet": lenet, "resnet20": resnet20, "resnet50": resnet50,
     "transformer": transformer,
 }
+"""The built-in models by name: each a function of (input_shape, num_classes) returning a new
+Keras model."""
 # What each reads: images [B, H, W, C] or byte sequences [B, T].
 for _name, _function in ZOO.items():
     _function.reads = "sequences" if _name == "transformer" else "images"

@@ -1,9 +1,3 @@
-"""tower-train from Python: your own model, loss and reducer, real MNIST, two CPU towers.
-
-The README's "Python API" example, unchanged; the tests run it too.
-Run: .venv/bin/python scripts/python_api_example.py
-"""
-
 import towers  # first: it keeps TensorFlow's C++ start-up logs off the terminal
 
 import keras

@@ -1,0 +1,56 @@
+"""MkDocs hooks: the site fails to build when a public name has no docstring
+or no place in the API reference, and page snippets resolve from the
+repository's root wherever mkdocs is started."""
+
+from __future__ import annotations
+
+import os
+
+import griffe
+from mkdocs.exceptions import PluginError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The public modules: each one's __all__ is what users may call.
+PUBLIC = ("towers", "towers.callbacks", "towers.data", "towers.models", "towers.placement",
+          "towers.reducers", "towers.cost")
+REFERENCE = "reference/python.md"
+
+
+def on_config(config):
+    snippets = config["mdx_configs"].setdefault("pymdownx.snippets", {})
+    snippets["base_path"] = [REPO]
+    return config
+
+
+def undocumented() -> list[str]:
+    """Public names (in an __all__ of PUBLIC) without a docstring."""
+    package = griffe.load(os.path.join(REPO, "towers"), search_paths=[REPO], resolve_aliases=True,
+                          resolve_external=True)
+    missing = []
+    for dotted in PUBLIC:
+        module = package if dotted == "towers" else package[dotted.split(".", 1)[1]]
+        for name in sorted(module.exports or ()):
+            if name == "__version__":
+                continue
+            member = module[name]
+            try:
+                target = member.final_target if member.is_alias else member
+            except griffe.AliasResolutionError:
+                target = None
+            if target is None or not (target.docstring and target.docstring.value.strip()):
+                missing.append(f"{dotted}.{name}")
+    return missing
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri != REFERENCE:
+        return markdown
+    absent = [m for m in PUBLIC if f"::: {m}\n" not in markdown and m != "towers"]
+    if absent:
+        raise PluginError(f"{REFERENCE} does not render {', '.join(absent)}")
+    missing = undocumented()
+    if missing:
+        raise PluginError("public names without a docstring (give each one, or drop it from "
+                          f"__all__): {', '.join(missing)}")
+    return markdown

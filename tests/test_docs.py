@@ -1,0 +1,155 @@
+"""The documentation cannot drift: the site builds in strict mode (broken
+links, missing references and undocumented public names fail it), every
+runnable example in it is run here, and the README stays short and linked."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import BIN, REPO
+
+DOCS = os.path.join(REPO, "docs")
+EXAMPLES = sorted(glob.glob(os.path.join(DOCS, "examples", "*.py")))
+
+
+def build(docs: str, site: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([os.path.join(BIN, "mkdocs"), "build", "--strict", "-f",
+                           os.path.join(docs, "mkdocs.yml"), "-d", site],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def pages() -> dict[str, str]:
+    sources = os.path.join(DOCS, "src")
+    return {os.path.relpath(path, sources): open(path).read()
+            for path in glob.glob(os.path.join(sources, "**", "*.md"), recursive=True)}
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    result = build(DOCS, str(tmp_path / "site"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = {os.path.relpath(p, tmp_path / "site") for p in
+             glob.glob(str(tmp_path / "site" / "**" / "index.html"), recursive=True)}
+    assert {"index.html", "getting-started/index.html", "reference/python/index.html",
+            "reference/cli/index.html", "troubleshooting/index.html"} <= built
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    for command in ("tower-train", "tower-data", "tower-placement", "tower-reduce-bench",
+                    "tower-worker"):
+        assert f"<h2 id=\"{command}\"" in cli, command
+    assert "--skip-nonfinite" in cli and "--reduce-device" in cli
+
+
+@pytest.fixture
+def docs_copy(tmp_path):
+    """The docs beside links to the code they read, to break one of them."""
+    root = tmp_path / "repo"
+    shutil.copytree(DOCS, root / "docs", ignore=shutil.ignore_patterns("site"))
+    for name in ("towers", "engine", "tests", "scripts", "pyproject.toml"):
+        (root / name).symlink_to(os.path.join(REPO, name))
+    return root / "docs"
+
+
+def test_a_broken_link_fails_the_build(docs_copy, tmp_path):
+    page = docs_copy / "src" / "concepts.md"
+    page.write_text(page.read_text() + "\nSee [the flags](reference/no-such-page.md).\n")
+    result = build(str(docs_copy), str(tmp_path / "site"))
+    assert result.returncode == 1
+    assert ("Doc file 'concepts.md' contains a link 'reference/no-such-page.md', but the "
+            "target is not found among documentation files.") in result.stderr
+
+
+def test_an_undocumented_public_name_fails_the_build(docs_copy, tmp_path):
+    (docs_copy.parent / "towers").unlink()
+    shutil.copytree(os.path.join(REPO, "towers"), docs_copy.parent / "towers")
+    callbacks = docs_copy.parent / "towers" / "callbacks.py"
+    callbacks.write_text(callbacks.read_text().replace(
+        '__all__ = ["Callback", "EarlyStopping"]',
+        '__all__ = ["Callback", "EarlyStopping", "helper"]') + "\n\ndef helper():\n    pass\n")
+    result = build(str(docs_copy), str(tmp_path / "site"))
+    assert result.returncode == 1
+    assert ("public names without a docstring (give each one, or drop it from __all__): "
+            "towers.callbacks.helper") in result.stderr
+
+
+def test_every_example_is_shown_in_the_docs():
+    included = set(re.findall(r'--8<-- "docs/examples/([\w.]+)"', "".join(pages().values())))
+    assert included == {os.path.basename(path) for path in EXAMPLES}
+
+
+# What each runnable example prints, checked line by line; python_api.py
+# trains for two epochs and is run by tests/test_api.py.
+CHECKS = {
+    "quickstart.py": lambda out, cwd: (
+        float(re.search(r"^held-out accuracy ([0-9.]+)$", out, re.M)[1]) >= 0.9
+        and os.path.getsize(os.path.join(cwd, "lenet.keras")) > 100_000),
+    "callbacks.py": lambda out, cwd: stopped_early(out),
+    "save_and_load.py": lambda out, cwd: out == "(3, 10)\n",
+    "placement_budget.py": lambda out, cwd: (
+        out.startswith("placement of the train step (")
+        and out.splitlines()[-1].startswith("['all devices: 814,")
+        and "over the budget of 800,000" in out.splitlines()[-1]
+        and os.path.exists(os.path.join(cwd, "step.json"))),
+    "cost_model.py": lambda out, cwd: out.splitlines() == [
+        "central      65536   0.415 ms busbw  0.28 GB/s",
+        "central   16777216  12.114 ms busbw  2.42 GB/s",
+        "ring         65536   1.087 ms busbw  0.11 GB/s",
+        "ring      16777216   8.442 ms busbw  3.48 GB/s",
+        "tree         65536   0.646 ms busbw  0.18 GB/s",
+        "tree      16777216   1.719 ms busbw 17.08 GB/s",
+    ],
+}
+
+
+def stopped_early(out: str) -> bool:
+    stopped = re.search(r"^stopped after (\d+) of 20 epochs; best val_accuracy 0\.9\d\d$", out,
+                        re.M)
+    epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
+    return bool(stopped) and len(epochs) == int(stopped[1]) < 20
+
+
+def test_every_example_has_a_check():
+    assert set(CHECKS) | {"python_api.py"} == {os.path.basename(path) for path in EXAMPLES}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_the_example_runs_and_prints_what_the_docs_say(name, mnist_dir, tmp_path):
+    # towers.data.mnist() reads $XDG_CACHE_HOME/tower-train/mnist: point it here.
+    (tmp_path / "cache" / "tower-train").mkdir(parents=True)
+    (tmp_path / "cache" / "tower-train" / "mnist").symlink_to(mnist_dir)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=REPO)
+    result = subprocess.run([sys.executable, os.path.join(DOCS, "examples", name)],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""  # quiet: no TensorFlow logs, no warnings
+    assert CHECKS[name](result.stdout, str(tmp_path)), result.stdout
+
+
+README = os.path.join(REPO, "README.md")
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    text = open(README).read()
+    assert len(text.splitlines()) <= 160
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if not link.startswith(("http://", "https://")):
+            assert os.path.exists(os.path.join(REPO, link)), link
+
+
+def test_the_readme_example_is_the_quickstart():
+    text = open(README).read()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code == open(os.path.join(DOCS, "examples", "quickstart.py")).read()
+
+
+def test_nothing_points_outside_the_repository():
+    for name, text in {**pages(), "README.md": open(README).read()}.items():
+        assert "../shared" not in text and "steering" not in text, name
