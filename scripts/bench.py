@@ -130,13 +130,15 @@ def dali_options(batch: int, config: dict | None = None):
     N towers (threads, prefetch) unless the configuration sweeps them; the
     reference recipes get the same."""
     from engine import data
+    from engine.run import choices
 
     config = config or {}
     defaults = data.DataOptions(format="synthetic", train_path=None, val_path=None,
                                 batch_size=batch, image_shape=shape_of(config))
     return dataclasses.replace(
         defaults,
-        num_threads=config.get("dali_threads", data.default_threads(config.get("n", 1))),
+        num_threads=config.get("dali_threads", choices.threads_per_pipeline(
+            config.get("n", 1), gpus=bool(config.get("gpu")))),
         prefetch=config.get("prefetch", defaults.prefetch),
     )
 
@@ -265,28 +267,9 @@ def run_engine(config: dict) -> list[float]:
     return times
 
 
-class Timer:
-    """A Keras callback that times blocks of `steps` batches after warm-up."""
-
-    def __init__(self, steps: int, warmup: int):
-        import keras
-
-        class Callback(keras.callbacks.Callback):
-            def on_train_batch_end(inner, batch, logs=None):
-                self.count += 1
-                done = self.count - warmup
-                if done == 0 or (done > 0 and done % steps == 0):
-                    now = time.perf_counter()
-                    if self.start is not None:
-                        self.times.append(now - self.start)
-                    self.start = now
-
-        self.callback = Callback()
-        self.count, self.start, self.times = 0, None, []
-
-
 def run_keras_fit(model_fn, dataset, config, strategy=None) -> list[float]:
     import keras
+    from bench_gpu import Timer
 
     timer = Timer(config["steps"], config["warmup"])
     total = config["warmup"] + config["steps"] * config["repeats"]
@@ -425,6 +408,8 @@ def chart(rows, path, title):
 
     groups = sorted({(r["model"], r["n"], r["batch"]) for r in rows})
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    if not kinds:
+        return  # every run failed: the table says why
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(kinds)
     colors = plt.get_cmap("tab20").colors  # one colour a run, up to 20 runs

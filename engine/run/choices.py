@@ -80,6 +80,12 @@ def cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def threads_per_pipeline(towers: int, gpus: bool) -> int:
+    """DALI threads per tower pipeline for `towers` towers on this host:
+    half the cores over GPU towers, a quarter over CPU towers, at least 1."""
+    return max(1, cores() // ((2 if gpus else 4) * towers))
+
+
 def dali_threads(placement: Placement) -> Choice:
     """DALI worker threads per tower pipeline.
 
@@ -92,11 +98,11 @@ def dali_threads(placement: Placement) -> Choice:
     """
     n, host = len(placement.towers), cores()
     if gpu_towers(placement):
-        threads = max(1, host // (2 * n))
+        threads = threads_per_pipeline(n, gpus=True)
         return Choice(argument="dali_threads", value=threads,
                       reason=f"DALI: {threads} threads per tower pipeline, half of "
                              f"this host's {host} cores over {n} GPU tower{'s' * (n > 1)}")
-    threads = max(1, host // (4 * n))
+    threads = threads_per_pipeline(n, gpus=False)
     return Choice(argument="dali_threads", value=threads,
                   reason=f"DALI: {threads} thread{'s' * (threads > 1)} per tower "
                          f"pipeline, a quarter of this host's {host} cores over {n} "
