@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public modules: each one's __all__ is what users may call.
 PUBLIC = ("towers", "towers.callbacks", "towers.data", "towers.models", "towers.placement",
-          "towers.reducers", "towers.cost")
+          "towers.reducers", "towers.cost", "towers.study")
 REFERENCE = "reference/python.md"
 
 

@@ -33,7 +33,7 @@ ARGUMENTS = frozenset("""
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
     mixed_precision model num_classes optimizer pack_bytes path pipeline
     placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed
-    seq_len sizes
+    seeds seq_len sizes out target_accuracy topologies
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
     topology variables xla
 """.split())

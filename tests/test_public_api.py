@@ -8,8 +8,10 @@ import pytest
 
 PUBLIC = {
     "towers": ["RunError", "Shard", "TowerError", "Trainer", "UsageError", "UserCodeError",
-               "__version__", "callbacks", "cost", "data", "models", "placement", "reducers"],
+               "__version__", "callbacks", "compare", "cost", "data", "models", "placement",
+               "reducers", "study"],
     "towers.callbacks": ["Callback", "EarlyStopping"],
+    "towers.study": ["Run", "Scale", "Study", "compare", "predict"],
     "towers.cost": ["Fit", "FitOptions", "MODELLED", "Prediction", "QUICK", "Row", "Schedule",
                     "Task", "Topology", "TopologyError", "builtin_topologies", "bus_factor",
                     "compare", "crossover", "dump", "fastest", "fit", "load", "predict",

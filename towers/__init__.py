@@ -23,8 +23,15 @@ quiet.quiet_tensorflow()
 
 from engine.errors import RunError, TowerError, UsageError  # noqa: E402
 from engine.userfn import UserCodeError  # noqa: E402
-from towers import callbacks, data, models, placement  # noqa: E402
+from towers import (  # noqa: E402
+    callbacks,
+    data,
+    models,
+    placement,
+    study,  # noqa: E402
+)
 from towers.data import Shard  # noqa: E402
+from towers.study import compare  # noqa: E402
 from towers.trainer import Trainer  # noqa: E402
 
 try:
@@ -41,11 +48,13 @@ __all__ = [
     "UserCodeError",
     "__version__",
     "callbacks",
+    "compare",
     "cost",
     "data",
     "models",
     "placement",
     "reducers",
+    "study",
 ]
 
 

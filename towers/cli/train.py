@@ -57,7 +57,6 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     """Trainer and fit arguments from the flags, checked as far as can be
     without TensorFlow."""
     from towers import _setup
-    from towers import data as sources
 
     fit = {name: flags.pop(name) for name in FIT_FLAGS}
     # --mixed-precision alone leaves the dtype to the towers' kind.
@@ -69,6 +68,15 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
                                      topology=flags["topology"])
     _setup.check_fit(reducer, flags["variables"],
                      **{k: v for k, v in fit.items() if k not in CLI_FIT_FLAGS})
+    flags["data"] = data_source(flags)
+    return flags, fit
+
+
+def data_source(flags: dict):
+    """The `towers.data` source the data flags name (they are popped from
+    `flags`), checked as far as can be without TensorFlow."""
+    from towers import data as sources
+
     path, data_format, pipeline, classes, seq_len, samples = (
         flags.pop(k) for k in ("data_path", "data_format", "data_pipeline", "num_classes",
                                "seq_len", "synthetic_samples"))
@@ -85,20 +93,18 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     if pipeline is not None:
         if path is not None or data_format != "auto":
             raise UsageFailure("--data-pipeline reads no --data; drop --data and --data-format")
-        flags["data"] = sources.pipeline(pipeline)
-    elif data_format == "text":
-        flags["data"] = sources.text(path, 128 if seq_len is None else seq_len)
-    elif data_format == "synthetic":
-        flags["data"] = sources.synthetic(num_classes=10 if classes is None else classes,
-                                          samples=samples)
-    elif path is None:
+        return sources.pipeline(pipeline)
+    if data_format == "text":
+        return sources.text(path, 128 if seq_len is None else seq_len)
+    if data_format == "synthetic":
+        return sources.synthetic(num_classes=10 if classes is None else classes,
+                                 samples=samples)
+    if path is None:
         if data_format == "folder":
             raise UsageFailure("--data-format folder reads class folders from --data DIR; "
                                "MNIST comes as caffe2, jpeg or tfrecord")
-        flags["data"] = sources.mnist(format="caffe2" if data_format == "auto" else data_format)
-    else:
-        flags["data"] = sources.directory(path, data_format, classes)
-    return flags, fit
+        return sources.mnist(format="caffe2" if data_format == "auto" else data_format)
+    return sources.directory(path, data_format, classes)
 
 
 FIT_FLAGS = (

@@ -1,0 +1,144 @@
+"""tower-compare and towers.compare: every reducer on the same workload, the
+exact-mean run equal to a plain run, bytes as declared, and a killed study
+that goes on without redoing what it finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import BIN, REPO, run_cli
+
+import towers
+
+WORKLOAD = ("--devices", "cpu:2", "--model", "lenet", "--epochs", "3", "--steps-per-epoch", "40",
+            "--eval-steps", "10")
+REDUCERS = ("--reducer", "central", "--reducer", "powersgd:rank=1", "--reducer", "topk")
+FIGURES = ("loss", "accuracy", "eval_loss", "eval_accuracy")
+
+
+def compare_args(mnist_dir: str, out) -> list[str]:
+    return ["--data", mnist_dir, *WORKLOAD, *REDUCERS, "--topology", "2x8-ethernet-100g:16",
+            "--topology", "dgx1-v100:8", "--out", str(out)]
+
+
+def figures(path) -> list[dict]:
+    """Each epoch's figures; an epoch trained again after a kill counts once,
+    as its last record (the study reads it so)."""
+    with open(path) as stream:
+        records = {r["epoch"]: {k: r[k] for k in FIGURES} for r in map(json.loads, stream)}
+    return [records[epoch] for epoch in sorted(records)]
+
+
+@pytest.fixture(scope="module")
+def study(mnist_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    result = run_cli("tower-compare", *compare_args(mnist_dir, out))
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_bad_reducers_are_refused_before_the_first_run(mnist_dir, tmp_path):
+    with pytest.raises(towers.UsageError) as refused:
+        towers.compare(["central", "nosuch", "topk:ratio=7", "powersgd:rank=0"],
+                       out=str(tmp_path / "out"), devices=["/cpu:0", "/cpu:1"],
+                       data=towers.data.directory(mnist_dir))
+    assert str(refused.value) == (
+        "reducer 'nosuch' is not one of central, ring, tree, hierarchical, collective, nccl, "
+        "topk, powersgd, signsgd, localsgd, auto and not package.module:function; "
+        "reducer topk: ratio (7.0) must be in (0, 1]; "
+        "reducer powersgd: rank (0) must be at least 1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_names_the_flag(tmp_path):
+    result = run_cli("tower-compare", "--devices", "cpu:2", "--reducer", "central", "--reducer",
+                     "nosuch", "--topology", "dgx1-v100:4", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("tower-compare: error: --reducer 'nosuch' is not one of ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_exact_mean_run_is_the_plain_run_bit_for_bit(study, mnist_dir, tmp_path):
+    out, _ = study
+    plain = run_cli("tower-train", "--data", mnist_dir, *WORKLOAD, "--seed", "0",
+                    "--deterministic", "--variables", "replicated",
+                    "--metrics", str(tmp_path / "plain.jsonl"))
+    assert plain.returncode == 0, plain.stderr
+    assert figures(out / "runs" / "central" / "seed0" / "metrics.jsonl") == \
+        figures(tmp_path / "plain.jsonl")
+
+
+@pytest.mark.slow
+def test_the_study_writes_its_table_json_and_chart(study):
+    out, result = study
+    data = json.loads((out / "study.json").read_text())
+    assert data["reducers"] == ["central", "powersgd:rank=1", "topk"]
+    assert [s["label"] for s in data["scales"]] == ["2x8-ethernet-100g:16", "dgx1-v100:8"]
+    rows = {r["reducer"]: r for r in data["summary"]}
+    assert rows["central"]["bytes_vs_exact"] == 1.0
+    assert rows["powersgd:rank=1"]["bytes_vs_exact"] < 0.1
+    assert rows["topk"]["bytes_vs_exact"] < 0.1
+    central = rows["central"]
+    assert data["target_accuracy"] == round(0.99 * central["final_accuracy"], 4)
+    for row in rows.values():
+        assert 0.1 < row["final_accuracy"] <= 1
+        for scale in ("2x8-ethernet-100g:16", "dgx1-v100:8"):
+            p = row["predicted"][scale]
+            assert p["step_ms"] > p["reduction_ms"] > 0
+    # Time to target is the epoch the mean curve reaches it, times the epoch.
+    p = central["predicted"]["dgx1-v100:8"]
+    assert p["seconds_to_target"] == pytest.approx(p["epochs_to_target"] * p["epoch_seconds"])
+    table = (out / "table.txt").read_text()
+    assert table.splitlines()[0].split() == ["reducer", "final", "accuracy", "best",
+                                             "bytes/step", "vs", "exact", "state", "bytes",
+                                             "step", "here"]
+    assert "predicted on 2x8-ethernet-100g:16" in table and table in result.stdout
+    assert (out / "study.png").stat().st_size > 20_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reducer", ["powersgd:rank=1", "topk"])
+def test_the_bytes_per_step_are_the_reducers_declared_traffic(study, reducer):
+    out, _ = study
+    [run] = [r for r in json.loads((out / "study.json").read_text())["runs"]
+             if r["reducer"] == reducer]
+    assert run["declared_bytes"] > 0
+    assert run["bytes_per_step"] == pytest.approx(run["declared_bytes"], rel=0.01)
+    assert run["state_bytes"] > 0  # residuals (and PowerSGD's factors)
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_without_redoing_finished_runs(study, mnist_dir, tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    first = subprocess.Popen([os.path.join(BIN, "tower-compare"), *compare_args(mnist_dir, out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=REPO, env=env)
+    finished = out / "runs" / "central" / "seed0" / "run.json"
+    unfinished = out / "runs" / "powersgd_rank=1" / "seed0"
+    deadline = time.monotonic() + 300
+    while not (unfinished / "checkpoints" / "checkpoint").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    assert finished.exists() and not (unfinished / "run.json").exists()
+    kept = finished.stat().st_mtime_ns
+
+    again = run_cli("tower-compare", *compare_args(mnist_dir, out))
+    assert again.returncode == 0, again.stderr
+    assert "run 1/3: central, seed 0: finished before, kept" in again.stdout
+    assert "run 2/3: powersgd:rank=1, seed 0: resumed from its checkpoint" in again.stdout
+    assert "run 3/3: topk, seed 0: training" in again.stdout
+    assert finished.stat().st_mtime_ns == kept
+    # The interrupted study ends as the uninterrupted one did, run for run.
+    whole, _ = study
+    for name in ("central", "powersgd_rank=1", "topk"):
+        assert figures(out / "runs" / name / "seed0" / "metrics.jsonl") == \
+            figures(whole / "runs" / name / "seed0" / "metrics.jsonl"), name

@@ -1,0 +1,322 @@
+"""A study: one workload trained once per reducer and seed, and what each run
+cost in accuracy, bytes and (predicted) time.
+
+Every run is a Trainer with the same arguments but its reducer and its seed,
+with TensorFlow's op determinism on: for one seed, every reducer starts from
+the same weights and reads the same batches, and the exact-mean run is the
+plain run of that workload, bit for bit. Runs keep everything under
+`out/runs/REDUCER/seedK/`: the metrics, the placement log, checkpoints and,
+once finished, `run.json`. A study started again with the same `out` keeps
+the finished runs and resumes an unfinished one from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+
+from engine.errors import UsageError
+from towers.study.scales import Scale
+
+__all__ = ["Run", "Study", "compare"]
+
+# Built-ins that give the exact mean: a study's baseline is the first of them
+# it lists (uncompressed), else `central`, added in front.
+EXACT = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One reducer trained with one seed.
+
+    Attributes:
+      reducer: the reducer's label (its spec, or your function's name).
+      seed: the run's seed.
+      epochs: the metrics record of every epoch (`loss`, `eval_accuracy`, ...).
+      bytes_per_step: bytes the first train step moved between devices (the
+        placement log's figure).
+      declared_bytes: bytes the reducer says a step sends, or None.
+      mean_bytes_per_step: bytes per step averaged over steps (local SGD
+        sends only on its averaging steps).
+      bytes_ratio: `mean_bytes_per_step` over a dense ring all-reduce's bytes
+        on the same towers.
+      step_seconds: a step's time here (median over the epochs after the
+        first, which traces the step).
+      state_bytes: the reducer's own state (residuals, factors), in bytes.
+      predictions: scale label -> what `towers.study.predict` gives.
+    """
+
+    reducer: str
+    seed: int
+    epochs: list[dict]
+    bytes_per_step: int
+    declared_bytes: int | None
+    mean_bytes_per_step: float
+    bytes_ratio: float
+    step_seconds: float
+    state_bytes: int
+    predictions: dict[str, dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """What `compare` returns: every run, and how to read them together.
+
+    Attributes:
+      reducers: the reducers' labels, the exact-mean baseline first.
+      seeds: the seeds every reducer ran with.
+      scales: the machines predicted for.
+      target_accuracy: the held-out accuracy "time to target" is timed to.
+      runs: every run, by seed, then reducer.
+      out: the folder with everything written.
+    """
+
+    reducers: list[str]
+    seeds: list[int]
+    scales: list[Scale]
+    target_accuracy: float
+    runs: list[Run]
+    out: str
+
+    def rows(self) -> list[dict]:
+        """One summary per reducer, over its seeds (see towers.study.report)."""
+        from towers.study import report
+
+        return report.rows(self)
+
+    def table(self) -> str:
+        """The summary as text: accuracy and bytes, then time per scale."""
+        from towers.study import report
+
+        return report.table(self)
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", label)
+
+
+def _check_reducers(reducers: Sequence[str | Callable]) -> list:
+    """The reducers' options, the exact-mean baseline first; every bad spec
+    named in one UsageError before anything runs."""
+    from engine.reducers.options import ReducerOptions
+
+    if isinstance(reducers, str) or not reducers:
+        raise UsageError("<reducers> must be a list of one reducer or more, e.g. "
+                         "['central', 'powersgd:rank=2']")
+    options, bad = [], []
+    for spec in reducers:
+        try:
+            options.append(ReducerOptions(name=spec))
+        except UsageError as err:
+            bad.append(err.message)
+    if bad:
+        raise UsageError("; ".join(bad))
+    labels = [o.label for o in options]
+    repeated = sorted({x for x in labels if labels.count(x) > 1})
+    if repeated:
+        raise UsageError(f"<reducers> lists {', '.join(map(repr, repeated))} more than once")
+    exact = next((o for o in options if o.builtin in EXACT), None)
+    if exact is None:
+        exact = ReducerOptions(name="central")
+        options.insert(0, exact)
+    else:
+        options.remove(exact)
+        options.insert(0, exact)
+    return options
+
+
+def _signature(trainer: dict, epochs: int, steps_per_epoch, eval_steps) -> dict:
+    workload = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
+                for k, v in sorted(trainer.items())}
+    return {"trainer": workload, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+            "eval_steps": eval_steps}
+
+
+def _check_out(out: str, signature: dict) -> None:
+    """Refuses a folder holding a study of another workload (its runs would
+    be mixed with these); writes the workload otherwise."""
+    from engine.run import outputs
+
+    outputs.check_directory("out", out)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "workload.json")
+    if os.path.exists(path):
+        with open(path) as stream:
+            before = json.load(stream)
+        if before != signature:
+            changed = sorted(k for k in {**before["trainer"], **signature["trainer"]}
+                             if before["trainer"].get(k) != signature["trainer"].get(k))
+            changed += [k for k in ("epochs", "steps_per_epoch", "eval_steps")
+                        if before[k] != signature[k]]
+            raise UsageError(
+                f"<out> {out!r} holds a study of another workload ({', '.join(changed)} "
+                "differ); give another <out>, or the same workload to continue it"
+            )
+        return
+    with open(path, "w") as stream:
+        json.dump(signature, stream, indent=1)
+
+
+def _epochs(metrics: str) -> list[dict]:
+    """Every epoch's record, the last written where a resumed run wrote one twice."""
+    if not os.path.exists(metrics):
+        return []
+    with open(metrics) as stream:
+        records = {r["epoch"]: r for r in map(json.loads, filter(str.strip, stream))}
+    return [records[k] for k in sorted(records)]
+
+
+def _state_bytes(trainer) -> int:
+    from engine.reducers.stateful import stateful_part
+
+    state = stateful_part(trainer.built.step.reducer) if trainer.built else None
+    if state is None:
+        return 0
+    return sum(v.shape.num_elements() * v.dtype.size for v in state.variables)
+
+
+def _measure(trainer, options, seed: int, folder: str, scales: list[Scale]) -> Run:
+    from engine.placement import report
+    from towers.study.predict import predict
+
+    entries = report.load(os.path.join(folder, "placement.jsonl"))
+    info = report.run_info(entries)
+    measured = sum(report.matrix(entries, "train").values())
+    mean = float(measured)
+    if options.method == "localsgd":  # it sends only every `every` steps
+        from engine.reducers import parameters
+
+        every = (options.arguments.get("every", parameters("localsgd")["every"])
+                 if options.builtin else options.function.every)
+        mean = measured / every
+    epochs = _epochs(os.path.join(folder, "metrics.jsonl"))
+    times = [r["seconds"] / r["steps"] for r in epochs]
+    figures = {"method": options.method, "parameter_bytes": info["parameter_bytes"],
+               "towers": len(info["towers"]),
+               "bytes_ratio": mean / report.dense_ring_bytes(info),
+               "step_seconds": statistics.median(times[1:] or times),
+               "steps_per_epoch": epochs[-1]["steps"]}
+    return Run(reducer=options.label, seed=seed, epochs=epochs, bytes_per_step=measured,
+               declared_bytes=report.reduction_bytes(info), mean_bytes_per_step=mean,
+               bytes_ratio=figures["bytes_ratio"], step_seconds=figures["step_seconds"],
+               state_bytes=_state_bytes(trainer),
+               predictions={s.label: predict(figures, s) for s in scales})
+
+
+def _load_run(path: str) -> Run:
+    with open(path) as stream:
+        return Run(**json.load(stream))
+
+
+def compare(
+    reducers: Sequence[str | Callable],
+    *,
+    out: str,
+    seeds: int = 1,
+    topologies: Sequence[str | Scale] = (),
+    target_accuracy: float | None = None,
+    epochs: int = 3,
+    steps_per_epoch: int | None = None,
+    eval_steps: int | None = None,
+    verbose: int = 1,
+    stream=None,
+    **trainer,
+) -> Study:
+    """Trains one workload once per reducer and seed, and compares them.
+
+        study = towers.compare(["central", "powersgd:rank=2", "topk"], out="study",
+                               devices="cpu:2", model="lenet", epochs=3,
+                               topologies=["2x8-ethernet-100g:16"])
+        print(study.table())
+
+    Args:
+      reducers: built-in names, specs with parameters (`powersgd:rank=2`),
+        `package.module:function`, or your functions. The first exact one
+        (central, ring, tree, ...) is the baseline; `central` is added in
+        front when none is listed.
+      out: the folder for everything: `study.json`, `table.txt`,
+        `study.png`, and each run's files under `runs/`. Given again with the
+        same workload, finished runs are kept and an unfinished one resumes.
+      seeds: each reducer runs with seeds 0 to seeds - 1.
+      topologies: machines to predict time on: `NAME:TOWERS[:COMPUTE_MS]`
+        strings (`2x8-ethernet-100g:16`) or `towers.study.Scale`s.
+      target_accuracy: the held-out accuracy that "time to target" times;
+        default: 99% of the baseline's final accuracy (mean over seeds).
+      epochs: epochs per run.
+      steps_per_epoch: default: one pass over the training data.
+      eval_steps: held-out batches per tower after each epoch; default: all.
+      verbose: 0 silent, 1 a line per run and epoch.
+      stream: where those lines go (stdout).
+      **trainer: the workload, as `towers.Trainer` takes it (`devices`,
+        `model`, `data`, `batch_size`, `optimizer`, `learning_rate`,
+        `variables`, ...); `variables` defaults to `"replicated"`, which
+        every reducer takes. `seed` and `deterministic` are the study's.
+
+    Returns:
+      The Study, also written to `out`.
+
+    Raises:
+      UsageError: a bad argument, every bad reducer named, before any run.
+    """
+    from towers import Trainer
+    from towers.study import report
+
+    stream = stream or sys.stdout
+    for own in ("seed", "deterministic", "reducer"):
+        if own in trainer:
+            raise UsageError(f"<{own}> is the study's to set; give <seeds> and <reducers>")
+    if seeds < 1:
+        raise UsageError(f"<seeds> ({seeds}) must be at least 1")
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise UsageError(f"<target_accuracy> ({target_accuracy}) must be in (0, 1]")
+    options = _check_reducers(reducers)
+    scales = [Scale.parse(s) for s in topologies]
+    trainer.setdefault("variables", "replicated")
+    signature = _signature(trainer, epochs, steps_per_epoch, eval_steps)
+    _check_out(out, signature)
+    # Every run's Trainer is made now: a workload or pairing that cannot work
+    # is refused before the first run trains.
+    plan = [(seed, o, Trainer(reducer=o.name, seed=seed, deterministic=True, stream=stream,
+                              **trainer))
+            for seed in range(seeds) for o in options]
+
+    def say(line: str) -> None:
+        if verbose:
+            print(line, file=stream, flush=True)
+
+    runs = []
+    for k, (seed, o, run_trainer) in enumerate(plan, 1):
+        folder = os.path.join(out, "runs", _slug(o.label), f"seed{seed}")
+        done = os.path.join(folder, "run.json")
+        what = f"run {k}/{len(plan)}: {o.label}, seed {seed}"
+        if os.path.exists(done):
+            say(f"{what}: finished before, kept")
+            runs.append(_load_run(done))
+            continue
+        os.makedirs(folder, exist_ok=True)
+        checkpoints = os.path.join(folder, "checkpoints")
+        resume = os.path.exists(os.path.join(checkpoints, "checkpoint"))
+        log = os.path.join(folder, "placement.jsonl")
+        say(f"{what}: {'resumed from its checkpoint' if resume else 'training'}")
+        run_trainer.fit(
+            epochs, steps_per_epoch, eval_steps=eval_steps, verbose=0,
+            metrics=os.path.join(folder, "metrics.jsonl"), checkpoint_dir=checkpoints,
+            resume=resume, placement_log=None if os.path.exists(log) else log,
+            callbacks=[report.EpochLine(say, epochs)])
+        run = _measure(run_trainer, o, seed, folder, scales)
+        with open(done + ".partial", "w") as handle:
+            json.dump(dataclasses.asdict(run), handle)
+        os.replace(done + ".partial", done)  # a run is finished once this exists
+        runs.append(run)
+
+    study = Study(reducers=[o.label for o in options], seeds=list(range(seeds)),
+                  scales=scales, target_accuracy=0.0, runs=runs, out=out)
+    target = target_accuracy or report.default_target(study)
+    study = dataclasses.replace(study, target_accuracy=target)
+    report.write(study)
+    return study
