@@ -90,6 +90,7 @@ CHECKS = {
         and os.path.getsize(os.path.join(cwd, "lenet.keras")) > 100_000),
     "callbacks.py": lambda out, cwd: stopped_early(out),
     "save_and_load.py": lambda out, cwd: out == "(3, 10)\n",
+    "compare.py": lambda out, cwd: compared(out, cwd),
     "placement_budget.py": lambda out, cwd: (
         out.startswith("placement of the train step (")
         and out.splitlines()[-1].startswith("['all devices: 814,")
@@ -104,6 +105,16 @@ CHECKS = {
         "tree      16777216   1.719 ms busbw 17.08 GB/s",
     ],
 }
+
+
+def compared(out: str, cwd: str) -> bool:
+    central, powersgd = out.splitlines()
+    ratio = float(re.search(r", ([0-9.]+)x the exact", powersgd)[1])
+    return (central.startswith("central          accuracy 0.")
+            and ", 1.000x the exact mean's bytes, " in central
+            and powersgd.startswith("powersgd:rank=2  accuracy 0.") and 0 < ratio < 0.1
+            and all(os.path.exists(os.path.join(cwd, "study", name))
+                    for name in ("study.json", "table.txt", "study.png")))
 
 
 def stopped_early(out: str) -> bool:
