@@ -100,6 +100,12 @@ def test_the_study_writes_its_table_json_and_chart(study):
                                              "step", "here"]
     assert "predicted on 2x8-ethernet-100g:16" in table and table in result.stdout
     assert (out / "study.png").stat().st_size > 20_000
+    # Every step's loss; an epoch's loss is their mean.
+    for run in data["runs"]:
+        assert len(run["step_losses"]) == 3 * 40
+        for k, epoch in enumerate(run["epochs"]):
+            steps = run["step_losses"][40 * k:40 * (k + 1)]
+            assert sum(steps) / 40 == pytest.approx(epoch["loss"], rel=1e-5)
 
 
 @pytest.mark.slow

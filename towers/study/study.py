@@ -5,7 +5,8 @@ Every run is a Trainer with the same arguments but its reducer and its seed,
 with TensorFlow's op determinism on: for one seed, every reducer starts from
 the same weights and reads the same batches, and the exact-mean run is the
 plain run of that workload, bit for bit. Runs keep everything under
-`out/runs/REDUCER/seedK/`: the metrics, the placement log, checkpoints and,
+`out/runs/REDUCER/seedK/`: the metrics, the placement log, the loss of every
+step (TensorBoard events), checkpoints and,
 once finished, `run.json`. A study started again with the same `out` keeps
 the finished runs and resumes an unfinished one from its checkpoint.
 """
@@ -38,6 +39,7 @@ class Run:
       reducer: the reducer's label (its spec, or your function's name).
       seed: the run's seed.
       epochs: the metrics record of every epoch (`loss`, `eval_accuracy`, ...).
+      step_losses: the training loss of every step, in order.
       bytes_per_step: bytes the first train step moved between devices (the
         placement log's figure).
       declared_bytes: bytes the reducer says a step sends, or None.
@@ -54,6 +56,7 @@ class Run:
     reducer: str
     seed: int
     epochs: list[dict]
+    step_losses: list[float]
     bytes_per_step: int
     declared_bytes: int | None
     mean_bytes_per_step: float
@@ -171,6 +174,22 @@ def _epochs(metrics: str) -> list[dict]:
     return [records[k] for k in sorted(records)]
 
 
+def _step_losses(logdir: str) -> list[float]:
+    """`train/loss` of every step from the run's TensorBoard events (a step
+    trained again after a resume counts once, as its last value)."""
+    import tensorflow as tf
+
+    losses = {}
+    for name in sorted(os.listdir(logdir)):
+        if not name.startswith("events."):
+            continue
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
+            for value in event.summary.value:
+                if value.tag == "train/loss":
+                    losses[event.step] = float(tf.make_ndarray(value.tensor))
+    return [losses[step] for step in sorted(losses)]
+
+
 def _state_bytes(trainer) -> int:
     from engine.reducers.stateful import stateful_part
 
@@ -201,7 +220,9 @@ def _measure(trainer, options, seed: int, folder: str, scales: list[Scale]) -> R
                "bytes_ratio": mean / report.dense_ring_bytes(info),
                "step_seconds": statistics.median(times[1:] or times),
                "steps_per_epoch": epochs[-1]["steps"]}
-    return Run(reducer=options.label, seed=seed, epochs=epochs, bytes_per_step=measured,
+    return Run(reducer=options.label, seed=seed, epochs=epochs,
+               step_losses=_step_losses(os.path.join(folder, "tensorboard")),
+               bytes_per_step=measured,
                declared_bytes=report.reduction_bytes(info), mean_bytes_per_step=mean,
                bytes_ratio=figures["bytes_ratio"], step_seconds=figures["step_seconds"],
                state_bytes=_state_bytes(trainer),
@@ -307,6 +328,7 @@ def compare(
             epochs, steps_per_epoch, eval_steps=eval_steps, verbose=0,
             metrics=os.path.join(folder, "metrics.jsonl"), checkpoint_dir=checkpoints,
             resume=resume, placement_log=None if os.path.exists(log) else log,
+            logdir=os.path.join(folder, "tensorboard"),
             callbacks=[report.EpochLine(say, epochs)])
         run = _measure(run_trainer, o, seed, folder, scales)
         with open(done + ".partial", "w") as handle:
