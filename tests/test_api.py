@@ -188,7 +188,7 @@ def test_logits_and_a_keras_loss_train_in_process():
     assert 2.0 < record["loss"] < 2.8
 
 
-def test_the_readme_example_reducer_passes_the_conformance_check():
+def test_the_python_api_example_reducer_passes_the_conformance_check():
     """The example's own reducer, taken from the script without running its
     training: the checks tower-reduce-bench --check runs."""
     import ast

@@ -55,6 +55,33 @@ def test_bad_reducers_are_refused_before_the_first_run(mnist_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_refused_workload_leaves_nothing_that_refuses_the_next(mnist_dir, tmp_path):
+    out = tmp_path / "out"
+    data = towers.data.directory(mnist_dir)
+    with pytest.raises(towers.UsageError, match="nosuch"):
+        towers.compare(["central"], out=str(out), devices=["/cpu:0", "/cpu:1"],
+                       model="nosuch", data=data)
+    assert not (out / "workload.json").exists()
+    with pytest.raises(towers.UsageError, match=r"^eval_steps \(0\): a study compares "):
+        towers.compare(["central"], out=str(out), devices=["/cpu:0", "/cpu:1"],
+                       eval_steps=0, data=data)
+    with pytest.raises(towers.UsageError, match=r"^devices: a study compares reductions "):
+        towers.compare(["central", "topk"], out=str(out), devices=["/cpu:0"], data=data)
+
+
+def test_a_workload_with_a_function_has_the_same_signature_in_every_process():
+    from towers.study.study import _signature
+
+    def build(input_shape, num_classes):
+        return None
+
+    signature = _signature({"model": build, "devices": "cpu:2"}, 3, None, None)
+    assert signature["trainer"]["model"] == (
+        "test_compare:test_a_workload_with_a_function_has_the_same_signature_in_every_"
+        "process.<locals>.build")
+    assert "0x" not in json.dumps(signature)
+
+
 def test_the_command_line_names_the_flag(tmp_path):
     result = run_cli("tower-compare", "--devices", "cpu:2", "--reducer", "central", "--reducer",
                      "nosuch", "--topology", "dgx1-v100:4", "--out", str(tmp_path / "out"))
@@ -137,12 +164,18 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(study, mnist_dir, 
     assert finished.exists() and not (unfinished / "run.json").exists()
     kept = finished.stat().st_mtime_ns
 
-    again = run_cli("tower-compare", *compare_args(mnist_dir, out))
+    # Started again, with one more machine to predict for.
+    again = run_cli("tower-compare", *compare_args(mnist_dir, out), "--topology", "pcie-4gpu:4")
     assert again.returncode == 0, again.stderr
     assert "run 1/3: central, seed 0: finished before, kept" in again.stdout
     assert "run 2/3: powersgd:rank=1, seed 0: resumed from its checkpoint" in again.stdout
     assert "run 3/3: topk, seed 0: training" in again.stdout
     assert finished.stat().st_mtime_ns == kept
+    data = json.loads((out / "study.json").read_text())
+    assert [s["label"] for s in data["scales"]][-1] == "pcie-4gpu:4"
+    assert all("pcie-4gpu:4" in r["predictions"] for r in data["runs"])
+    # Every step's loss, those of the epochs before the kill too.
+    assert [len(r["step_losses"]) for r in data["runs"]] == [3 * 40] * 3
     # The interrupted study ends as the uninterrupted one did, run for run.
     whole, _ = study
     for name in ("central", "powersgd_rank=1", "topk"):

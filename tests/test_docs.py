@@ -39,8 +39,8 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert {"index.html", "getting-started/index.html", "reference/python/index.html",
             "reference/cli/index.html", "troubleshooting/index.html"} <= built
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
-    for command in ("tower-train", "tower-data", "tower-placement", "tower-reduce-bench",
-                    "tower-worker"):
+    for command in ("tower-train", "tower-compare", "tower-data", "tower-placement",
+                    "tower-reduce-bench", "tower-worker"):
         assert f"<h2 id=\"{command}\"" in cli, command
     assert "--skip-nonfinite" in cli and "--reduce-device" in cli
 

@@ -3,9 +3,9 @@
 A run that can only fail at its end (a metrics file in a folder that does
 not exist, a checkpoint folder under a file, a disk too full for a
 checkpoint) is refused before it starts, naming the argument, so that no
-epoch is trained for nothing. Nothing here writes: a folder that does not
-exist yet is checked for whether it could be made, and left to be made by
-what writes into it.
+epoch is trained for nothing. Nothing here leaves anything behind: a folder
+that does not exist yet is made and taken away again, to find out that it
+can be made, and left to be made by what writes into it.
 """
 
 from __future__ import annotations
@@ -85,16 +85,22 @@ def _probe_creation(argument: str, path: str, ancestor: str) -> None:
     while head != ancestor:
         missing.append(head)
         head = os.path.dirname(head)
+    made = []
     try:
         for folder in reversed(missing):
             os.mkdir(folder)
+            made.append(folder)
+    except FileExistsError:
+        pass  # another process made it meanwhile: it can be created
     except OSError as err:
         raise UsageError(f"<{argument}> {path!r} cannot be created: {err.strerror}; "
                          "give a directory you can write") from None
     finally:
-        for folder in missing:
-            if os.path.isdir(folder):
+        for folder in reversed(made):  # only what this call made, deepest first
+            try:
                 os.rmdir(folder)
+            except OSError:
+                pass
 
 
 def check_room(argument: str, path: str, needed_bytes: int, free_bytes: int | None = None) -> None:

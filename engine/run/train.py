@@ -101,17 +101,19 @@ def train(
     voice.header(describe(placement, options, built.step.model, info, built.step.reducer))
     run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite,
                                    warn=voice.warn)]
-    saver = None
-    if options.checkpoints.directory:
-        saver = _checkpoints(placement, options, built, signature, voice, guard)
-        run_watchers.append(saver)
     summaries = None
     if options.logdir:
+        # Before the saver: an epoch's events are flushed before its
+        # checkpoint, so a run killed after that checkpoint has them all.
         summaries = Summaries(
             options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
             options.loop.steps_per_loop,
         )
         run_watchers.append(summaries)
+    saver = None
+    if options.checkpoints.directory:
+        saver = _checkpoints(placement, options, built, signature, voice, guard)
+        run_watchers.append(saver)
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
     log = _placement_log(placement, options, built)

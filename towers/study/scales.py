@@ -44,9 +44,10 @@ class Scale:
 
     @property
     def label(self) -> str:
-        """`name:towers`, as tables and charts name it."""
+        """`name:towers` (and `:compute_ms` when given), as tables and charts name it."""
         name = self.topology.rsplit("/", 1)[-1].removesuffix(".json")
-        return f"{name}:{self.towers}"
+        compute = "" if self.compute_ms is None else f":{self.compute_ms:g}"
+        return f"{name}:{self.towers}{compute}"
 
     @classmethod
     def parse(cls, spec: str | Scale) -> Scale:

@@ -26,9 +26,13 @@ from towers.study.scales import Scale
 
 __all__ = ["Run", "Study", "compare"]
 
-# Built-ins that give the exact mean: a study's baseline is the first of them
-# it lists (uncompressed), else `central`, added in front.
-EXACT = ("central", "ring", "tree", "hierarchical", "collective", "nccl")
+# Built-ins that give the exact mean with traffic the placement log sees: a
+# study's baseline is the first of them it lists (uncompressed), else
+# `central`, added in front.
+EXACT = ("central", "ring", "tree", "hierarchical")
+# Exact means in one op each (NCCL, TensorFlow's collectives): their bytes
+# are not _Send/_Recv pairs, so they count as a dense ring's.
+OPAQUE = ("collective", "nccl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +54,9 @@ class Run:
       step_seconds: a step's time here (median over the epochs after the
         first, which traces the step).
       state_bytes: the reducer's own state (residuals, factors), in bytes.
-      predictions: scale label -> what `towers.study.predict` gives.
+      figures: what the predictions start from (`towers.study.predict`).
+      predictions: scale label -> what `towers.study.predict` gives, for
+        the study's scales.
     """
 
     reducer: str
@@ -63,7 +69,8 @@ class Run:
     bytes_ratio: float
     step_seconds: float
     state_bytes: int
-    predictions: dict[str, dict]
+    figures: dict
+    predictions: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +130,7 @@ def _check_reducers(reducers: Sequence[str | Callable]) -> list:
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
         raise UsageError(f"<reducers> lists {', '.join(map(repr, repeated))} more than once")
-    exact = next((o for o in options if o.builtin in EXACT), None)
+    exact = next((o for o in options if o.builtin in EXACT and not o.compress), None)
     if exact is None:
         exact = ReducerOptions(name="central")
         options.insert(0, exact)
@@ -133,20 +140,28 @@ def _check_reducers(reducers: Sequence[str | Callable]) -> list:
     return options
 
 
+def _stable(value) -> object:
+    """A value as the same text in every process: a function by its
+    module and name, never by its address."""
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}:{value.__qualname__}"
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
+
 def _signature(trainer: dict, epochs: int, steps_per_epoch, eval_steps) -> dict:
-    workload = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
-                for k, v in sorted(trainer.items())}
+    workload = {k: _stable(v) for k, v in sorted(trainer.items())}
     return {"trainer": workload, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
             "eval_steps": eval_steps}
 
 
 def _check_out(out: str, signature: dict) -> None:
     """Refuses a folder holding a study of another workload (its runs would
-    be mixed with these); writes the workload otherwise."""
+    be mixed with these)."""
     from engine.run import outputs
 
     outputs.check_directory("out", out)
-    os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "workload.json")
     if os.path.exists(path):
         with open(path) as stream:
@@ -160,8 +175,11 @@ def _check_out(out: str, signature: dict) -> None:
                 f"<out> {out!r} holds a study of another workload ({', '.join(changed)} "
                 "differ); give another <out>, or the same workload to continue it"
             )
-        return
-    with open(path, "w") as stream:
+
+
+def _write_workload(out: str, signature: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "workload.json"), "w") as stream:
         json.dump(signature, stream, indent=1)
 
 
@@ -178,12 +196,14 @@ def _step_losses(logdir: str) -> list[float]:
     """`train/loss` of every step from the run's TensorBoard events (a step
     trained again after a resume counts once, as its last value)."""
     import tensorflow as tf
+    from tensorflow.core.util import event_pb2
 
     losses = {}
     for name in sorted(os.listdir(logdir)):
         if not name.startswith("events."):
             continue
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
+        for record in tf.data.TFRecordDataset(os.path.join(logdir, name)):
+            event = event_pb2.Event.FromString(record.numpy())
             for value in event.summary.value:
                 if value.tag == "train/loss":
                     losses[event.step] = float(tf.make_ndarray(value.tensor))
@@ -199,14 +219,15 @@ def _state_bytes(trainer) -> int:
     return sum(v.shape.num_elements() * v.dtype.size for v in state.variables)
 
 
-def _measure(trainer, options, seed: int, folder: str, scales: list[Scale]) -> Run:
+def _measure(trainer, options, seed: int, folder: str) -> Run:
     from engine.placement import report
-    from towers.study.predict import predict
 
     entries = report.load(os.path.join(folder, "placement.jsonl"))
     info = report.run_info(entries)
     measured = sum(report.matrix(entries, "train").values())
     mean = float(measured)
+    if options.builtin in OPAQUE:
+        mean = float(report.dense_ring_bytes(info))
     if options.method == "localsgd":  # it sends only every `every` steps
         from engine.reducers import parameters
 
@@ -225,13 +246,14 @@ def _measure(trainer, options, seed: int, folder: str, scales: list[Scale]) -> R
                bytes_per_step=measured,
                declared_bytes=report.reduction_bytes(info), mean_bytes_per_step=mean,
                bytes_ratio=figures["bytes_ratio"], step_seconds=figures["step_seconds"],
-               state_bytes=_state_bytes(trainer),
-               predictions={s.label: predict(figures, s) for s in scales})
+               state_bytes=_state_bytes(trainer), figures=figures)
 
 
 def _load_run(path: str) -> Run:
     with open(path) as stream:
-        return Run(**json.load(stream))
+        fields = json.load(stream)
+    fields.pop("predictions", None)  # made again for this study's scales
+    return Run(**fields)
 
 
 def compare(
@@ -293,6 +315,9 @@ def compare(
             raise UsageError(f"<{own}> is the study's to set; give <seeds> and <reducers>")
     if seeds < 1:
         raise UsageError(f"<seeds> ({seeds}) must be at least 1")
+    if eval_steps == 0:
+        raise UsageError("<eval_steps> (0): a study compares held-out accuracy; give "
+                         "eval_steps of 1 or more, or leave it out for the whole set")
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise UsageError(f"<target_accuracy> ({target_accuracy}) must be in (0, 1]")
     options = _check_reducers(reducers)
@@ -305,6 +330,14 @@ def compare(
     plan = [(seed, o, Trainer(reducer=o.name, seed=seed, deterministic=True, stream=stream,
                               **trainer))
             for seed in range(seeds) for o in options]
+    towers_here = len(plan[0][2].placement.towers)
+    if towers_here < 2:
+        raise UsageError(f"<devices>: a study compares reductions between towers, and "
+                         f"{towers_here} tower has none; give 2 or more")
+    labels = [s.label for s in scales]
+    if len(set(labels)) < len(labels):
+        raise UsageError(f"<topologies> lists a machine more than once: {', '.join(labels)}")
+    _write_workload(out, signature)
 
     def say(line: str) -> None:
         if verbose:
@@ -330,12 +363,16 @@ def compare(
             resume=resume, placement_log=None if os.path.exists(log) else log,
             logdir=os.path.join(folder, "tensorboard"),
             callbacks=[report.EpochLine(say, epochs)])
-        run = _measure(run_trainer, o, seed, folder, scales)
+        run = _measure(run_trainer, o, seed, folder)
         with open(done + ".partial", "w") as handle:
             json.dump(dataclasses.asdict(run), handle)
         os.replace(done + ".partial", done)  # a run is finished once this exists
         runs.append(run)
 
+    from towers.study.predict import predict
+
+    runs = [dataclasses.replace(run, predictions={s.label: predict(run.figures, s)
+                                                  for s in scales}) for run in runs]
     study = Study(reducers=[o.label for o in options], seeds=list(range(seeds)),
                   scales=scales, target_accuracy=0.0, runs=runs, out=out)
     target = target_accuracy or report.default_target(study)
