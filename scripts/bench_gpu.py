@@ -11,7 +11,8 @@ decoded there).
   engine-default
                 `towers.Trainer` with nothing but the workload given: what
                 `tower-train` does unless told otherwise
-  engine-loopK  the same with `steps_per_loop=K`
+  engine-loopK  the same with `steps_per_loop=K` (engine-loop1: one step a call;
+                the default chooses its own on a GPU)
   engine-noxla  the same with `xla=False` (the variables still on the GPU)
   engine-host   the variables on the host and no XLA: `reduce_device="/cpu:0"`,
                 the default before the engine chose for GPUs
@@ -86,7 +87,7 @@ def run_trainer(config: dict) -> list[float]:
     devices = "0" if config.get("gpu") else "/cpu:0"
     trainer = towers.Trainer(devices, stream=stream, **arguments)
     fit = dict(steps_per_epoch=config["steps"], eval_steps=0,
-               steps_per_loop=config.get("steps_per_loop", 1))
+               steps_per_loop=config.get("steps_per_loop"))
     history = trainer.fit(epochs=1 + config["repeats"], **fit)
     config["header"] = [line.strip() for line in stream.getvalue().splitlines()
                         if line.startswith(("  chosen", "  compute", "  reduce", "  replicas"))]

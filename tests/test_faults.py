@@ -265,17 +265,20 @@ def test_logdir_gets_scalars_and_the_profiled_steps(tmp_path):
 
 
 @pytest.mark.slow
-def test_loops_of_steps_write_a_scalar_per_loop_and_trace_the_asked_steps(tmp_path):
+def test_loops_of_steps_write_a_scalar_per_step_and_trace_the_asked_steps(tmp_path):
     """--steps-per-loop 4 with --profile-steps 10:11: loops end at 1, 4, 6
-    (the epoch), 8, 12; steps 10 and 11 sit in the loop 9-12, which is
-    traced, although no loop ends at step 9 or 10."""
+    (the epoch), 8, 12, and every step still has its own loss; steps 10 and
+    11 sit in the loop 9-12, which is traced, although no loop ends at step
+    9 or 10."""
     logdir = tmp_path / "tb"
     result = run_cli("tower-train", "--devices", "cpu:2", "--data-format", "synthetic",
                      "--epochs", "2", "--steps-per-epoch", "6", "--logdir", str(logdir),
                      "--profile-steps", "10:11", "--steps-per-loop", "4")
     assert result.returncode == 0, result.stderr
     scalars = read_scalars(logdir)
-    assert [s for s, _ in scalars["train/loss"]] == [1, 4, 6, 8, 12]
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 13))
+    # Each step's own loss, not its loop's last one repeated.
+    assert len({v for _, v in scalars["train/loss"][1:4]}) == 3
     traces = list((logdir / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
@@ -350,7 +353,7 @@ def test_a_signal_in_the_last_step_of_an_epoch_keeps_its_evaluation(tmp_path):
     stop = GracefulStop()
     stop.requested = signal.SIGINT
     watcher = SignalWatcher(stop, LoopOptions(epochs=2, steps_per_epoch=5, eval_steps=1))
-    watcher.after_step(5, {})  # the epoch's last step: not yet
+    watcher.after_step(5, {"block_end": True})  # the epoch's last step: not yet
     with pytest.raises(Exception, match="SIGINT after step 5"):
         watcher.after_epoch(1, 5, {})
     watcher.after_epoch(2, 10, {})  # the run is done: let it finish

@@ -300,3 +300,35 @@ def test_nccl_on_logical_gpus_of_one_gpu_is_refused_in_one_line():
         "and NCCL needs one GPU per tower (it would wait forever); use --reducer ring, "
         "tree or collective"
     )
+
+
+def test_a_gpu_towers_block_copies_to_the_host_only_what_the_loop_reads():
+    """One GPU tower with its variables there, compiled whole (the default):
+    a block of K steps copies to the host only the four per-step stacks the
+    loop reads (loss, accuracy, finite, overflow), at any K. One copy more
+    (a flag read per step, an XLA conditional) fails it."""
+    from engine.placement import profile
+
+    request = parse_request("gpu:1", "/gpu:0")
+    placement_ = resolve(request, ["/cpu:0", *LOGICAL], logical_gpu_map(LOGICAL_GPUS, GPUS))
+    data_options = data.DataOptions(format="synthetic", train_path=None, val_path=None,
+                                    batch_size=64, image_shape=(28, 28, 1), num_classes=10)
+    built = train.build(placement_, data_options,
+                        ModelOptions(model=models.builder("mlp"), xla=True,
+                                     compute_dtype="float16"),
+                        reducers.ReducerOptions(name="central"), None)
+    step, iterators = built.step, built.train_iterators
+    assert step.whole_step
+
+    def block(k):
+        return loop.per_step(step.train_loop(iterators, tf.constant(k, tf.int32), True))
+
+    copies = {}
+    for k in (5, 20):
+        block(k)  # traced and compiled, DALI's queue full
+        steps, prof = profile.profile(block, k)
+        assert len(steps) == k and all(s["finite"].all() for s in steps)
+        copies[k] = prof.copies
+    print(f"copies per block: {copies}")
+    assert copies[20].get("MemcpyD2H", 0) == copies[5].get("MemcpyD2H", 0)  # none per step
+    assert copies[20].get("MemcpyD2H", 0) <= 4

@@ -30,14 +30,14 @@ class FakeStep:
     def _run(self, count):
         self.calls.append(count)
         self.global_step.assign_add(count)
-        return {"loss": tf.constant(1.0), "accuracy": tf.constant(0.5),
-                "finite": tf.constant([True]), "overflow": tf.constant(False),
+        return {"loss": tf.ones([count]), "accuracy": tf.fill([count], 0.5),
+                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool),
                 "steps": tf.constant(count)}
 
     def train(self, iterators):
-        return self._run(1)
+        return {key: value[0] for key, value in self._run(1).items() if key != "steps"}
 
-    def train_loop(self, iterators, count):
+    def train_loop(self, iterators, count, halt=True):
         return self._run(int(count))
 
 
@@ -48,7 +48,8 @@ class Steps:
         self.seen = []
 
     def after_step(self, step, outputs):
-        self.seen.append(step)
+        if outputs["block_end"]:
+            self.seen.append(step)
 
     def after_epoch(self, epoch, step, record):
         pass

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine.core import loop
 from engine.core.step import TowerStep, tower_gradients
 from engine.core.variables import ReduceDeviceVariables
 from engine.placement import log as placement
@@ -113,12 +114,12 @@ def test_a_loop_of_steps_equals_the_steps_one_by_one(digits):
 
     one_by_one, looped = make_step(2), make_step(2)
     iterators = digit_iterators(digits, one_by_one.placement, 6, BATCH)
-    for _ in range(6):
-        last = one_by_one.train(iterators)
+    losses = [float(one_by_one.train(iterators)["loss"]) for _ in range(6)]
     outputs = looped.train_loop(digit_iterators(digits, looped.placement, 6, BATCH),
                                 tf.constant(6))
     assert int(outputs["steps"]) == 6
-    assert outputs["loss"].numpy() == last["loss"].numpy()
+    # Every step's own loss comes back, not only the last one's.
+    assert outputs["loss"].numpy().tolist() == losses
     assert int(looped.global_step.numpy()) == int(one_by_one.global_step.numpy()) == 6
     for a, b in zip(one_by_one.model.trainable_variables, looped.model.trainable_variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -140,7 +141,17 @@ def test_a_loop_ends_at_its_first_non_finite_step():
             batch = (tf.ones([8, 4]), tf.zeros([8, 1], tf.int32))
             iterators.append(iter(tf.data.Dataset.from_tensors(batch).repeat()))
     outputs = step.train_loop(iterators, tf.constant(10))
-    assert int(outputs["steps"]) == 6
-    assert outputs["finite"].numpy().tolist() == [True, False]
+    # The loop runs its ten steps (its condition never waits on the device),
+    # but after step 6 none of them leaves a trace: the state is step 6's.
+    assert int(outputs["steps"]) == 10
+    assert outputs["finite"].numpy()[:, 1].tolist() == [True] * 5 + [False] * 5
     assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (6, 1)
     assert step.metrics()["steps"] == 5  # the sixth update was not applied
+    steps = loop.per_step(outputs)
+    assert len(steps) == 6 and steps[-1]["block_end"]
+    assert steps[-1]["finite"].tolist() == [True, False]
+    # Without halting (skip_nonfinite) every step counts, and tower 1 stays
+    # poisoned: ten more steps, all skipped.
+    step.train_loop(iterators, tf.constant(10), False)
+    assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (16, 11)
+    assert step.metrics()["steps"] == 5

@@ -209,3 +209,32 @@ def test_the_whole_step_program_skips_and_halves_on_a_loss_scale_overflow(digits
     assert overflows[:k] == [True] * k and k >= 5
     assert float(step.loss_scale.scale.numpy()) <= 2.0**30 / 2**k
     assert int(step.steps.numpy()) == 20 - sum(overflows) > 0
+
+
+def test_the_whole_step_program_has_no_branch_and_a_bad_step_leaves_no_trace(digits):
+    """An XLA conditional or loop is decided on the host: a GPU copies its
+    predicate there and waits for everything queued before it. The compiled
+    step (loss scale, skip, update, sums) has neither; its skip is a select,
+    and a skipped or disallowed step still leaves every variable as it was."""
+    step = one_tower_step(xla=True, compute_dtype="float16",
+                          loss_scale=DynamicLossScale("/cpu:0"))
+    batches = step._next_batches(tower_iterators(digits, step, steps=1))
+    hlo = step._update_on.experimental_get_compiler_ir(batches, tf.constant(True))(stage="hlo")
+    assert " conditional(" not in hlo and " while(" not in hlo
+    assert hlo.count(" dot(") >= 3 and " select(" in hlo  # the real step, skip by select
+
+    step._update_on(batches, tf.constant(True))  # one good step: Adam's slots are not zero
+    written = step.variables.updated_variables()
+    state = lambda: [np.array(v.numpy()) for v in [*written, step.loss_scale.scale,  # noqa: E731
+                                                   step.loss_scale.good_steps, step.steps]]
+    before = state()
+    images, labels = batches[0]
+    poisoned = [(images * float("nan"), labels)]
+    outputs = step._update_on(poisoned, tf.constant(True))
+    assert not outputs["finite"].numpy().any() and not bool(outputs["overflow"])
+    after_nan = state()
+    outputs = step._update_on(batches, tf.constant(False))  # finite, but not allowed
+    for want, *got in zip(before, after_nan, state()):
+        for value in got:
+            np.testing.assert_array_equal(value, want)
+    assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (2, 1)

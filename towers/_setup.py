@@ -213,15 +213,16 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
                 steps_per_epoch, steps_per_loop, eval_steps, metrics, checkpoint_dir,
                 checkpoint_every, keep_checkpoints, resume, placement_log, strict_placement,
                 logdir, profile_steps, skip_nonfinite, check_replicas,
-                max_transfer_bytes=None, run: RunOptions | None = None):
+                max_transfer_bytes=None, run: RunOptions | None = None, gpus: bool = False):
     """Everything `fit` runs with, its default epoch and evaluation lengths
-    from the data (`info`; None: stand-ins, to check the arguments alone).
+    from the data (`info`; None: stand-ins, to check the arguments alone),
+    and `steps_per_loop=None` chosen for GPU towers (`gpus`) or CPU ones.
 
     Raises:
       UsageError: a bad argument, named; nothing has been written.
     """
     from engine.core.options import LoopOptions
-    from engine.run import outputs
+    from engine.run import choices, outputs
     from engine.run.options import CheckpointOptions, PlacementOptions, TrainOptions
 
     if check_replicas and variables != "replicated":
@@ -243,6 +244,11 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     if eval_steps is None:
         eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
                       if info is not None and info.val_size else 0)
+    picked = run.choices if run else ()
+    if steps_per_loop is None:
+        choice = choices.steps_per_loop(gpus, every=(checkpoint_every, check_replicas))
+        steps_per_loop = choice.value
+        picked = (*picked, choice) if gpus else picked
     return TrainOptions(
         data=(dataclasses.replace(run.data, checkpointing=checkpoint_dir is not None)
               if run else None),
@@ -260,7 +266,7 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
         skip_nonfinite=skip_nonfinite,
         logdir=logdir,
         profile_steps=None if profile_steps is None else tuple(profile_steps),
-        choices=run.choices if run else (),
+        choices=picked,
     )
 
 

@@ -1,10 +1,11 @@
-"""Callbacks: your code after every epoch, as Keras' `fit(callbacks=...)` has it.
+"""Callbacks: your code after every step and epoch, as in Keras' `fit(callbacks=...)`.
 
 A callback is an object with any of `on_train_begin(logs)`,
-`on_epoch_end(epoch, logs)` and `on_train_end(logs)`; `Callback` gives all
-three as no-ops to override. `fit` sets `callback.trainer` to the Trainer
-before the first, and a callback stops the run after the current epoch by
-setting `self.trainer.stop_training = True` (Keras: `self.model.stop_training`).
+`on_train_batch_end(batch, logs)`, `on_epoch_end(epoch, logs)` and
+`on_train_end(logs)`; `Callback` gives all four as no-ops to override.
+`fit` sets `callback.trainer` to the Trainer before the first, and a
+callback stops the run after the current epoch by setting
+`self.trainer.stop_training = True` (Keras: `self.model.stop_training`).
 
 `logs` is the epoch's record, the one `fit` returns: `loss`, `accuracy`,
 `eval_loss`, `eval_accuracy`, `images_per_sec`, `seconds`, ... Keras calls the
@@ -48,6 +49,18 @@ class Callback:
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         """Called once, before the first epoch of a `fit`."""
+
+    def on_train_batch_end(self, batch: int, logs: dict) -> None:
+        """Called after every training step, in order, whatever
+        `steps_per_loop` is: the steps of a loop are reported once it has
+        returned, each with its own figures.
+
+        Args:
+          batch: the step's index in its epoch, counted from 0 (as Keras).
+          logs: `loss` and `accuracy` of this step alone (Keras gives the
+            epoch's running means; the epoch's are in `on_epoch_end`), and
+            `step`, the global step counted from 1.
+        """
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         """Called after every epoch, its evaluation and its checkpoint.
@@ -119,9 +132,13 @@ class EarlyStopping(Callback):
 class _Watcher:
     """The callbacks as one of the loop's watchers (engine.core.loop.Watcher)."""
 
-    def __init__(self, callbacks: list, trainer):
+    def __init__(self, callbacks: list, trainer, steps_per_epoch: int):
         self.callbacks = callbacks
         self.trainer = trainer
+        self.steps_per_epoch = steps_per_epoch
+        # Only callbacks that do something per step cost a call per step.
+        self.per_step = [c for c in callbacks if getattr(type(c), "on_train_batch_end", None)
+                         not in (None, Callback.on_train_batch_end)]
 
     def begin(self) -> None:
         for callback in self.callbacks:
@@ -129,7 +146,11 @@ class _Watcher:
             _call(callback, "on_train_begin", None)
 
     def after_step(self, step: int, outputs: dict) -> None:
-        pass
+        if not self.per_step:
+            return
+        logs = {"loss": outputs["loss"], "accuracy": outputs["accuracy"], "step": step}
+        for callback in self.per_step:
+            _call(callback, "on_train_batch_end", (step - 1) % self.steps_per_epoch, logs)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         logs = {**record, **{k: record.get(v) for k, v in KERAS_NAMES.items()}}
@@ -155,18 +176,19 @@ def _call(callback, method: str, *args) -> None:
         function(*args)
 
 
-def watcher(callbacks: Iterable, trainer) -> _Watcher:
-    """The loop's watcher that calls `callbacks` for `trainer`'s fit.
+def watcher(callbacks: Iterable, trainer, steps_per_epoch: int) -> _Watcher:
+    """The loop's watcher that calls `callbacks` for `trainer`'s fit of
+    `steps_per_epoch` steps an epoch.
 
     Raises:
       UsageError: something that is not a callback.
     """
     callbacks = list(callbacks or ())
     for callback in callbacks:
-        if not any(hasattr(callback, m) for m in ("on_train_begin", "on_epoch_end",
-                                                  "on_train_end")):
+        if not any(hasattr(callback, m) for m in ("on_train_begin", "on_train_batch_end",
+                                                  "on_epoch_end", "on_train_end")):
             raise UsageError(
-                f"<callbacks>: {callback!r} has none of on_train_begin, on_epoch_end, "
-                "on_train_end; subclass towers.callbacks.Callback"
+                f"<callbacks>: {callback!r} has none of on_train_begin, on_train_batch_end, "
+                "on_epoch_end, on_train_end; subclass towers.callbacks.Callback"
             )
-    return _Watcher(callbacks, trainer)
+    return _Watcher(callbacks, trainer, steps_per_epoch)

@@ -242,7 +242,7 @@ class Trainer:
         epochs: int = 5,
         steps_per_epoch: int | None = None,
         *,
-        steps_per_loop: int = 1,
+        steps_per_loop: int | None = None,
         eval_steps: int | None = None,
         metrics: str | None = None,
         checkpoint_dir: str | None = None,
@@ -268,7 +268,12 @@ class Trainer:
           epochs: the epoch to train up to.
           steps_per_epoch: default: one pass over the training set (100 steps
             for data of unknown size).
-          steps_per_loop: steps per call of the compiled step.
+          steps_per_loop: steps per call of the compiled step; the host
+            dispatches once per call. Default: 25 on GPU towers (or the
+            largest count below that divides `checkpoint_every` and
+            `check_replicas`), 1 on CPU towers. Every step is reported
+            (callbacks, TensorBoard, the non-finite guard) as its own
+            whatever it is; checkpoints and signals act between calls.
           eval_steps: held-out batches per tower after each epoch; 0 skips;
             default: the whole held-out set once.
           metrics: append one JSON line per epoch to this file.
@@ -292,8 +297,9 @@ class Trainer:
             progress bar, 2 the header and one line per epoch. Warnings are
             printed whatever it is.
           callbacks: `towers.callbacks.Callback` objects, called after every
-            epoch with its record (`on_epoch_end(epoch, logs)`, epoch counted
-            from 0 as in Keras); one may stop the run
+            step (`on_train_batch_end`) and epoch with its record
+            (`on_epoch_end(epoch, logs)`, epoch counted from 0 as in Keras);
+            one may stop the run
             (`towers.callbacks.EarlyStopping`).
           placement_summary: with `placement_log`, print the summary of
             where the ops ran and what crossed devices at the end (the CLI
@@ -314,6 +320,7 @@ class Trainer:
             ReplicaDriftError, CheckpointError).
           StopRequested: `stop` saw a signal (after a checkpoint was saved).
         """
+        from engine.run import choices
         from engine.run import train as train_lib
         from towers import _setup as setup
         from towers import callbacks as callbacks_lib
@@ -329,8 +336,9 @@ class Trainer:
             resume=resume, placement_log=placement_log, strict_placement=strict_placement,
             max_transfer_bytes=max_transfer_bytes, logdir=logdir, profile_steps=profile_steps,
             skip_nonfinite=skip_nonfinite, check_replicas=check_replicas,
+            gpus=choices.gpu_towers(self.placement),
         )
-        watcher = callbacks_lib.watcher(callbacks, self)
+        watcher = callbacks_lib.watcher(callbacks, self, options.loop.steps_per_epoch)
         if self.built is not None and options.data.checkpointing != self._checkpointing:
             raise UsageError(
                 "<checkpoint_dir>: this Trainer's pipelines were built by an earlier call "

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
 import tensorflow as tf
 
 from engine import data
@@ -59,7 +60,14 @@ class Watcher(Protocol):
     to stop the run; a watcher with a true `stop_training` ends it after the
     epoch, as finished."""
 
-    def after_step(self, step: int, outputs: dict) -> None: ...
+    def after_step(self, step: int, outputs: dict) -> None:
+        """After every step, in order, with that step's own figures as host
+        values: `loss`, `accuracy`, `finite` (per tower), `overflow`, and
+        `block_end`. A call of several steps (`steps_per_loop`) reports its
+        steps once it returns; only at its last (`block_end` true) are the
+        variables those after the step, where a checkpoint can be saved or
+        the run stopped."""
+        ...
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None: ...
 
@@ -72,13 +80,19 @@ def run(
     progress: EpochProgress,
     call: Callable = plain_call,
     watchers: Sequence[Watcher] = (),
+    *,
+    halt_on_nonfinite: bool = True,
 ) -> list[dict]:
     """Trains until `options.epochs` epochs are done; returns one record per
     epoch run here.
 
     Starts from the step counter in `step`, so a restored run continues in
     the middle of the epoch it stopped in. Every step runs as
-    `call(kind, function, *args)`, kind `train` or `eval`.
+    `call(kind, function, *args)`, kind `train` or `eval`. With
+    `halt_on_nonfinite`, a loop of steps leaves no trace after a step whose
+    loss or gradient was not finite, and the watchers hear of no step after
+    it (the non-finite guard stops the run there); without, it goes on, as
+    `skip_nonfinite` does.
     """
     metrics_file = MetricsFile(options.metrics_path)
     global_batch = sum(
@@ -101,13 +115,15 @@ def run(
             # The run's first step goes alone: it traces the step, and a
             # placement log captures that single step.
             left = 1 if done == started else per_epoch - k + 1
-            outputs, taken = _train_steps(step, train_iterators, call, options, done, left)
-            done += taken
-            k += taken
+            steps = _train_steps(step, train_iterators, call, options, done, left,
+                                 halt_on_nonfinite)
+            for outputs in steps:
+                done += 1
+                k += 1
+                for watcher in watchers:
+                    watcher.after_step(done, outputs)
             if options.check_replicas and done % options.check_replicas == 0:
                 step.variables.check(options.replica_tolerance, done)
-            for watcher in watchers:
-                watcher.after_step(done, outputs)
             if progress.due() and k <= per_epoch:
                 elapsed = time.perf_counter() - start
                 progress.update(
@@ -155,18 +171,38 @@ def run(
 
 
 def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: int,
-                 left: int) -> tuple[dict, int]:
+                 left: int, halt: bool) -> list[dict]:
     """Runs the next loop: up to the next multiple of `steps_per_loop` (so
     loops end on the same global steps after a resume), at most `left`
-    steps; returns the last step's outputs and how many steps ran."""
+    steps; returns each step's outputs (`per_step`)."""
     per_loop = options.steps_per_loop
     count = min(per_loop - done % per_loop, left)
     if count == 1:
         # One step goes as one step: a placement log then captures the
         # step's graph, not a while loop's body.
-        return call("train", step.train, iterators), 1
-    outputs = call("train", step.train_loop, iterators, tf.constant(count, tf.int32))
-    return outputs, int(outputs["steps"].numpy())
+        return per_step(call("train", step.train, iterators), halt)
+    return per_step(
+        call("train", step.train_loop, iterators, tf.constant(count, tf.int32), halt), halt)
+
+
+def per_step(outputs: dict, halt: bool = True) -> list[dict]:
+    """The steps of one call as host values, one dict each (the Watcher's
+    `outputs`), read from the device at once: the outputs of one step
+    (`TowerStep.train`) or of a loop (`TowerStep.train_loop`, stacked).
+    With `halt`, none after the first step that was neither finite nor a
+    loss-scale overflow: the loop left no trace of those."""
+    values = {key: np.asarray(value) for key, value in outputs.items() if key != "steps"}
+    if values["loss"].ndim == 0:
+        values = {key: value[np.newaxis] for key, value in values.items()}
+    count = len(values["loss"])
+    if halt:
+        healthy = values["finite"].all(axis=1) | values["overflow"]
+        if not healthy.all():
+            count = int(np.argmin(healthy)) + 1
+    return [{"loss": float(values["loss"][i]), "accuracy": float(values["accuracy"][i]),
+             "finite": values["finite"][i], "overflow": bool(values["overflow"][i]),
+             "block_end": i == count - 1}
+            for i in range(count)]
 
 
 def _not_updated(step: TowerStep, not_updated: int, skipped: int) -> tuple[int, int]:

@@ -6,7 +6,7 @@ tower divides its gradients by the same scale before they are reduced (so a
 reducer, `compress` included, sees ordinary magnitudes). Too large a scale
 overflows to inf: that step is skipped and the scale halved; after
 `growth_interval` finite steps in a row it doubles (as Keras'
-LossScaleOptimizer does, but the skip is the step's own tf.cond, shared with
+LossScaleOptimizer does, but the skip is the step's own, shared with
 every other non-finite step).
 
 A non-finite *loss* is not the scale's doing (the loss is computed in float32
@@ -63,7 +63,8 @@ class NoLossScale:
     def value(self) -> None:
         return None
 
-    def update(self, grads_finite: tf.Tensor, loss_finite: tf.Tensor) -> tf.Tensor:
+    def update(self, grads_finite: tf.Tensor, loss_finite: tf.Tensor,
+               allowed: tf.Tensor | bool = True) -> tf.Tensor:
         return tf.constant(False)
 
     def trackables(self) -> dict:
@@ -110,19 +111,22 @@ class DynamicLossScale:
         with tf.device(self.device):
             return self.scale.read_value()
 
-    def update(self, grads_finite: tf.Tensor, loss_finite: tf.Tensor) -> tf.Tensor:
-        """Moves the scale after a step; returns whether it overflowed."""
+    def update(self, grads_finite: tf.Tensor, loss_finite: tf.Tensor,
+               allowed: tf.Tensor | bool = True) -> tf.Tensor:
+        """Moves the scale after a step, unless `allowed` is false; returns
+        whether it overflowed."""
         with tf.device(self.device), tf.name_scope(scopes.UPDATE):
+            old = (self.scale.read_value(), self.good_steps.read_value())
             scale, good, overflow = next_scale(
-                self.scale.read_value(),
-                self.good_steps.read_value(),
+                *old,
                 grads_finite,
                 loss_finite,
                 growth_interval=self.growth_interval,
                 minimum=self.minimum,
             )
-            self.scale.assign(scale)
-            self.good_steps.assign(good)
+            overflow = tf.logical_and(overflow, allowed)
+            self.scale.assign(tf.where(allowed, scale, old[0]))
+            self.good_steps.assign(tf.where(allowed, good, old[1]))
             self.overflows.assign_add(tf.cast(overflow, tf.int64))
             return overflow
 

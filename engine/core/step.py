@@ -264,46 +264,45 @@ class TowerStep:
                 batches.append(next(iterator))
         return batches
 
-    def _train(self, iterators):
+    def _train(self, iterators, allowed=True):
         """One step; the update and the metric sums are skipped when any tower's
         loss or gradient is not finite, so a bad batch never reaches the
         variables. With a dynamic loss scale, a step whose gradients overflowed
         only because of the scale lowers it and is marked `overflow`."""
-        return self._update_on(self._next_batches(iterators))
+        return self._update_on(self._next_batches(iterators), tf.convert_to_tensor(allowed))
 
-    def _update_on_batches(self, batches):
-        """`_train` after the input: one compiled program with `whole_step`."""
+    def _update_on_batches(self, batches, allowed):
+        """`_train` after the input: one compiled program with `whole_step`.
+
+        `allowed` false makes the step leave no trace: no update, no loss
+        scale move, no count (a step after a non-finite one in a loop that
+        stops there). Every count is kept by selects, not branches.
+        """
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
             samples = tf.cast(samples, tf.float64)
             finite = tf.reduce_all(step.finite)
             # The mean loss is finite exactly when every tower's loss is.
-            overflow = self.loss_scale.update(finite, tf.math.is_finite(step.loss))
-
-        def update():
-            self.variables.apply(step.grads)
-            with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
-                self.loss_sum.assign_add(tf.cast(step.loss, tf.float64))
-                self.correct_sum.assign_add(tf.cast(step.correct, tf.float64))
-                self.samples.assign_add(samples)
-                self.steps.assign_add(1)
-                return tf.constant(True)
-
-        def skip():
-            with tf.device(self.placement.reduce_device):
-                # An overflow of the loss scale is routine, not a skipped step.
-                self.skipped.assign_add(tf.cast(tf.logical_not(overflow), tf.int64))
-                return tf.constant(False)
-
-        with tf.device(self.placement.reduce_device):
-            tf.cond(finite, update, skip)
+            overflow = self.loss_scale.update(finite, tf.math.is_finite(step.loss), allowed)
+            updates = tf.logical_and(finite, allowed)
+        self._apply(updates, step.grads)
+        with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
+            zero = tf.constant(0.0, tf.float64)
+            self.loss_sum.assign_add(tf.where(updates, tf.cast(step.loss, tf.float64), zero))
+            self.correct_sum.assign_add(
+                tf.where(updates, tf.cast(step.correct, tf.float64), zero))
+            self.samples.assign_add(tf.where(updates, samples, zero))
+            self.steps.assign_add(tf.cast(updates, tf.int64))
+            # An overflow of the loss scale is routine, not a skipped step.
+            skipped = tf.logical_and(allowed, tf.logical_not(finite | overflow))
+            self.skipped.assign_add(tf.cast(skipped, tf.int64))
         state = stateful_part(self.reducer)
         if state is not None:  # after the update, skipped or not (local SGD's averaging)
             # Plain Python that builds ops, like the reducer: not converted.
             tf.autograph.experimental.do_not_convert(state.after_update)()
         with tf.device(self.placement.reduce_device):
-            self.global_step.assign_add(1)
+            self.global_step.assign_add(tf.cast(allowed, tf.int64))
             return {
                 "loss": step.loss,
                 "accuracy": tf.cast(step.correct, tf.float64) / samples,
@@ -311,28 +310,56 @@ class TowerStep:
                 "overflow": overflow,
             }
 
-    def _train_loop(self, iterators, count):
-        """Up to `count` steps in one call (a `tf.while_loop`), so the host
-        dispatches once per `count` steps; returns the last step's outputs
-        and `steps`, how many ran.
+    def _apply(self, updates: tf.Tensor, grads) -> None:
+        """The variable mode's update where `updates` is true.
 
-        The loop ends early after a step whose loss or gradient was not
-        finite (and not a loss-scale overflow), so that the caller sees that
-        step's outputs and its number, as with one step per call.
+        In a step compiled whole by XLA a `tf.cond` becomes a conditional,
+        and a GPU decides a conditional on the host: it copies the predicate
+        there and waits for everything queued before it. There the update
+        always runs and a select keeps the old values of what it wrote
+        (fused into the update's own kernels); elsewhere a `tf.cond` skips
+        the update's work.
+        """
+        if not self.whole_step:
+            def update():
+                self.variables.apply(grads)
+                return tf.constant(True)
+
+            with tf.device(self.placement.reduce_device):
+                tf.cond(updates, update, lambda: tf.constant(False))
+            return
+        written = self.variables.updated_variables()
+        before = [tf.identity(variable) for variable in written]
+        self.variables.apply(grads)
+        for variable, old in zip(written, before):
+            variable.assign(tf.where(updates, tf.identity(variable), old))
+
+    def _train_loop(self, iterators, count, halt: bool = True):
+        """`count` steps in one call (a `tf.while_loop`), so the host
+        dispatches once per `count` steps; returns each step's outputs
+        stacked (`loss`, `accuracy`, `overflow`: [count]; `finite`:
+        [count, towers]) and `steps`, `count`.
+
+        Nothing in the loop waits on the GPU: its condition is a host
+        counter. With `halt`, the steps after one whose loss or gradient
+        was not finite (and not a loss-scale overflow) leave no trace, so
+        the variables and counts are those after that step, as with one
+        step per call; the caller reads its number from `finite`.
         """
         # An int32 argument stays in host memory (/cpu:0); the loop's control
         # would follow it there, off the device the step is called on.
         count = tf.identity(count)
-        outputs = self._train(iterators)
-        taken = tf.constant(1, tf.int32)
-
-        def healthy(outputs):
-            return tf.logical_or(tf.reduce_all(outputs["finite"]), outputs["overflow"])
-
-        while taken < count and healthy(outputs):
-            outputs = self._train(iterators)
-            taken += 1
-        return {**outputs, "steps": taken}
+        stacks = {key: tf.TensorArray(dtype, size=count) for key, dtype in (
+            ("loss", tf.float32), ("accuracy", tf.float64), ("finite", tf.bool),
+            ("overflow", tf.bool))}
+        allowed = tf.constant(True)
+        for k in tf.range(count):
+            outputs = self._train(iterators, allowed)
+            stacks = {key: stack.write(k, outputs[key]) for key, stack in stacks.items()}
+            if halt:
+                healthy = tf.logical_or(tf.reduce_all(outputs["finite"]), outputs["overflow"])
+                allowed = tf.logical_and(allowed, healthy)
+        return {**{key: stack.stack() for key, stack in stacks.items()}, "steps": count}
 
     def _evaluate(self, iterators, valid):
         """Loss sum, correct count and sample count over the real samples.

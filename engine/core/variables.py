@@ -52,6 +52,10 @@ class VariableMode(Protocol):
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         """Applies reduced[d], the mean for destinations[d], to the copies."""
 
+    def updated_variables(self) -> list:
+        """Every variable `apply` writes: the trainable variables and the
+        optimizers' state (a step that must not update keeps their values)."""
+
 
 class ReplicaDriftError(RunError):
     """Replicated copies of a variable no longer agree."""
@@ -69,6 +73,12 @@ def updater(optimizer: keras.optimizers.Optimizer, model: keras.Model, xla: bool
         optimizer.apply(list(grads), model.trainable_variables)
 
     return tf.function(update, jit_compile=True) if xla else update
+
+
+def written_by(optimizer: keras.optimizers.Optimizer, model: keras.Model) -> list:
+    """What `optimizer.apply` on `model`'s trainable variables may write:
+    those variables and the optimizer's own (step count, slots)."""
+    return [*model.trainable_variables, *optimizer.variables]
 
 
 class ReduceDeviceVariables:
@@ -107,6 +117,9 @@ class ReduceDeviceVariables:
     def apply(self, reduced: Sequence[Sequence[tf.Tensor]]) -> None:
         with tf.device(self.device), tf.name_scope(scopes.UPDATE):
             self._update(reduced[0])
+
+    def updated_variables(self) -> list:
+        return written_by(self.optimizer, self.model)
 
 
 class ReplicatedVariables:
@@ -169,6 +182,9 @@ class ReplicatedVariables:
         for device, update, grads in zip(self.devices, self._updates, reduced):
             with tf.device(device), tf.name_scope(scopes.UPDATE):
                 update(grads)
+
+    def updated_variables(self) -> list:
+        return [v for o, m in zip(self.optimizers, self.models) for v in written_by(o, m)]
 
     def _max_differences(self):
         """[towers - 1, variables]: max |copy - tower 0's copy|, on each tower."""

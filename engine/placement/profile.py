@@ -65,6 +65,8 @@ class Profile:
     allocations: list[Allocation]
     call_start_us: float  # the function's run, from the runtime's own event
     call_end_us: float
+    # Copies on the GPUs' streams by kind (MemcpyD2H, MemcpyH2D, MemcpyD2D, ...).
+    copies: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class ProfilerBusy(RuntimeError):
@@ -104,7 +106,31 @@ def profile(function: Callable, *args):
     if run is None:  # no function run seen: the span of the ops themselves
         run = (min((s.start_us for s in slices), default=0.0),
                max((s.start_us + s.dur_us for s in slices), default=0.0))
-    return result, Profile(slices, allocations, *run)
+    return result, Profile(slices, allocations, *run, copies=gpu_copies(space))
+
+
+def gpu_copies(space) -> dict[str, int]:
+    """How many copies the GPUs' streams ran, by kind (`MemcpyD2H`: device to
+    host, `MemcpyH2D`, `MemcpyD2D`, ...)."""
+    counts: dict[str, int] = {}
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            if line.name in _DERIVED_LINES:
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                if name.lower().startswith("memcpy"):
+                    kind = name.split()[0]
+                    counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+# Lines of a GPU plane that repeat the time of the kernels and copies below them.
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "TensorFlow Ops", "Steps", "TensorFlow Name Scope",
+                  "Source code")
 
 
 def _stat_value(stat, names: dict[int, str]):

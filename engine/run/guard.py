@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from engine.errors import RunError
 
 
@@ -27,7 +29,7 @@ class NonFiniteGuard:
         self.warn = warn
 
     def after_step(self, step: int, outputs: dict) -> None:
-        finite = outputs["finite"].numpy()
+        finite = np.asarray(outputs["finite"])
         if finite.all() or bool(outputs["overflow"]):
             return
         towers = ", ".join(

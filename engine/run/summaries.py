@@ -1,8 +1,8 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy` and `train/step_seconds` (wall
-time between steps, all towers together); with `steps_per_loop` K, every
-K steps: the loop's last step, and its mean step time. Every epoch: `epoch/loss`
+time between steps, all towers together; with `steps_per_loop` K, each step
+of a loop gets the loop's mean). Every epoch: `epoch/loss`
 and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
 `epoch/skipped` and, with
 evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
@@ -30,6 +30,7 @@ class Summaries:
         self.profile = profile
         self.profiling = False
         self._last = time.perf_counter()
+        self._block = []  # the steps of the loop being reported
         if profile and profile[0] <= first_step + 1 <= profile[1]:
             self._start_profile()
 
@@ -38,12 +39,17 @@ class Summaries:
         self.profiling = True
 
     def after_step(self, step: int, outputs: dict) -> None:
+        self._block.append((step, outputs))
+        if not outputs["block_end"]:
+            return
         now = time.perf_counter()
-        with self.writer.as_default(step=step):
-            tf.summary.scalar("train/loss", outputs["loss"])
-            tf.summary.scalar("train/accuracy", outputs["accuracy"])
-            taken = int(outputs.get("steps", 1))
-            tf.summary.scalar("train/step_seconds", (now - self._last) / taken)
+        seconds = (now - self._last) / len(self._block)
+        for number, values in self._block:
+            with self.writer.as_default(step=number):
+                tf.summary.scalar("train/loss", values["loss"])
+                tf.summary.scalar("train/accuracy", values["accuracy"])
+                tf.summary.scalar("train/step_seconds", seconds)
+        self._block = []
         if self.profile:
             # Steps come in loops of `steps_per_loop` that end on its
             # multiples: the trace covers every loop that holds a step of

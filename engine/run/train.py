@@ -123,7 +123,8 @@ def train(
     try:
         history = loop.run(built.step, built.train_iterators, built.held_out, options.loop,
                            EpochProgress(stream, verbose=verbose), call,
-                           [*run_watchers, *watchers])
+                           [*run_watchers, *watchers],
+                           halt_on_nonfinite=not options.skip_nonfinite)
     except StopRequested as stopped:
         stopped.checkpoint = saver.save(stopped.step) if saver else None
         raise

@@ -37,7 +37,8 @@ class CheckpointWatcher:
         return self.checkpoints.latest
 
     def after_step(self, step: int, outputs: dict) -> None:
-        if self.checkpoints.should_save(step) and step % self.steps_per_epoch:
+        if (outputs["block_end"] and self.checkpoints.should_save(step)
+                and step % self.steps_per_epoch):
             self.save(step)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
@@ -54,7 +55,7 @@ class SignalWatcher:
         self.options = options
 
     def after_step(self, step: int, outputs: dict) -> None:
-        if step % self.options.steps_per_epoch:
+        if outputs["block_end"] and step % self.options.steps_per_epoch:
             self.stop.check(step)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:

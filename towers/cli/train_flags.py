@@ -154,11 +154,12 @@ _OPTIONS = [
     ),
     click.option(
         "--steps-per-loop",
-        default=1,
-        show_default=True,
+        default=None,
         type=int,
         help="Training steps per call of the compiled step: the host dispatches, "
-        "and looks at progress, checkpoints and signals, once per K steps.",
+        "and looks at progress, checkpoints and signals, once per K steps; every "
+        "step is still reported and guarded as its own. Default: 25 on GPU towers "
+        "(fewer where --checkpoint-every needs), 1 on CPU towers.",
     ),
     click.option(
         "--eval-steps",
