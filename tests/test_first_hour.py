@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, REPO, run_cli
+from conftest import BIN, GPUS, REPO, run_cli
 
 import towers
 
@@ -284,3 +284,32 @@ def test_a_python_user_is_warned_in_python_terms(mnist_dir):
         "skipped (skip_nonfinite=True)"
     ]
     assert not any(line.startswith("tower-train") for line in stream.getvalue().splitlines())
+
+
+@pytest.mark.slow
+def test_list_devices_names_the_devices_and_why_a_gpu_is_missing(tmp_path):
+    """--list-devices prints what --devices can name; where the driver lists
+    a GPU that TensorFlow does not see, it says why and what to do. (A
+    driver that lists one is played by a script named nvidia-smi.)"""
+    result = run_cli("tower-train", "--list-devices")
+    assert result.returncode == 0 and result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0] == "tower-train: starting TensorFlow ..."
+    assert lines[1] == f"  /cpu:0   CPU, {os.cpu_count()} cores (cpu:N splits it into N towers)"
+    if GPUS:
+        assert lines[2].startswith("  /gpu:0   ")
+        return
+    assert lines[2] == ("tower-train: no GPU: no NVIDIA driver answers here (nvidia-smi); "
+                        "CPU towers only")
+    driver = tmp_path / "nvidia-smi"
+    driver.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
+    driver.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    listed = subprocess.run([os.path.join(BIN, "tower-train"), "--list-devices"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines()[2] == (
+        "tower-train: no GPU for TensorFlow: the driver lists 1 (GPU 0: NVIDIA H200), but "
+        "this environment has no CUDA libraries for TensorFlow (it was set up where "
+        "nvidia-smi did not answer); remove .venv and run ./scripts/setup again on this "
+        "machine")

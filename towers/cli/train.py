@@ -28,6 +28,10 @@ from towers.trainer import Trainer
 @options
 @click.version_option(common.version(), "--version", prog_name="tower-train",
                       message="%(prog)s %(version)s")
+@click.option("--list-devices", is_flag=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, param, value: _list_devices(ctx) if value else None,
+              help="List the devices TensorFlow sees here (the names --devices takes), "
+                   "say why a GPU the driver lists is missing, and exit.")
 def tower_train(**flags):
     """Train a model with one explicit tower per device."""
     debug = flags.pop("debug") or os.environ.get("TOWER_TRAIN_DEBUG") == "1"
@@ -46,6 +50,17 @@ def tower_train(**flags):
             click.echo(f"tower-train: model saved: {trainer.save(save_model)}")
     except TowerError as err:
         _report(err, debug)
+
+
+def _list_devices(ctx: click.Context) -> None:
+    """--list-devices: a line per device TensorFlow sees, and exit."""
+    from engine.topology import inventory
+
+    click.echo("tower-train: starting TensorFlow ...")
+    common.import_tensorflow()
+    for line in inventory.device_lines():
+        click.echo(f"  {line}" if line.startswith("/") else f"tower-train: {line}")
+    ctx.exit(0)
 
 
 def _is_file(path: str | None) -> bool:

@@ -21,7 +21,7 @@ def options(command):
 
 # `--help` shows the flags in these groups, in this order (towers.cli.common.GroupedCommand).
 SECTIONS = {
-    "Devices": ["devices", "gpu_memory", "reduce_device"],
+    "Devices": ["devices", "gpu_memory", "reduce_device", "list_devices"],
     "Data": ["data_path", "data_format", "seq_len", "image_size", "num_classes",
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "seed"],
