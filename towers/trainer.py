@@ -303,7 +303,8 @@ class Trainer:
             (`towers.callbacks.EarlyStopping`).
           placement_summary: with `placement_log`, print the summary of
             where the ops ran and what crossed devices at the end (the CLI
-            does); `towers.placement.summary(path)` gives it later.
+            does); `towers.placement.summary(towers.placement.load(path))`
+            gives it later.
           stop: an engine.run.signals.GracefulStop that stops the run at the
             next safe point after a signal.
 
