@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import docs_checks as checks
 import pytest
 from conftest import BIN, REPO
 
@@ -164,3 +165,78 @@ def test_the_readme_example_is_the_quickstart():
 def test_nothing_points_outside_the_repository():
     for name, text in {**pages(), "README.md": open(README).read()}.items():
         assert "../shared" not in text and "steering" not in text, name
+
+
+def every_page() -> dict[str, str]:
+    return {**pages(), "README.md": open(README).read()}
+
+
+@pytest.mark.parametrize("check", ["bad_names", "bad_commands", "undated_rows",
+                                   "diary_phrases"])
+def test_every_page_passes_the_docs_checks(check):
+    """Every towers.*/engine.* name resolves (and user pages name public API
+    only), every command line parses, every figure row is dated and placed,
+    and no page tells how it was made (tests/docs_checks.py)."""
+    function = getattr(checks, check)
+    found = {page: function(page, text) if check == "bad_names" else function(text)
+             for page, text in every_page().items()}
+    assert {page: wrong for page, wrong in found.items() if wrong} == {}
+
+
+def test_the_docs_checks_look_at_enough_to_mean_something():
+    texts = every_page().values()
+    assert sum(len(checks.python_names(t)) for t in texts) >= 40
+    assert sum(len(checks.command_lines(t)) for t in texts) >= 50
+    assert sum(len(checks.figure_rows(t)) for t in texts) >= 20
+
+
+def planted(page: str, old: str, new: str) -> str:
+    text = pages()[page]
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def test_a_planted_bad_name_fails():
+    text = planted("guides/keras.md", "towers.placement.load(path)",
+                   "towers.placement.read(path)")
+    assert checks.bad_names("guides/keras.md", text) == ["towers.placement.read: no such name"]
+    text = planted("guides/reducers.md", "`towers.reducers.check(reducer, devices)`",
+                   "`engine.reducers.conformance.check(reducer, devices)`")
+    assert checks.bad_names("guides/reducers.md", text) == [
+        "engine.reducers.conformance.check: internal; name the public towers.* API"]
+
+
+def test_a_planted_bad_flag_fails():
+    text = planted("getting-started.md", "--epochs 2 --steps-per-epoch 100",
+                   "--epoch 2 --steps-per-epoch 100")
+    (wrong,) = checks.bad_commands(text)
+    assert wrong.startswith("tower-train --devices cpu:2 --epoch 2 ")
+    assert wrong.endswith("No such option '--epoch'. Did you mean '--epochs'?")
+
+
+def test_a_planted_undated_figure_row_fails():
+    text = planted("benchmarks.md", "On a 2-core machine without GPUs, as of 2026-12-02",
+                   "On a 2-core machine without GPUs")
+    assert checks.undated_rows(text) == [
+        "| mlp | 2 | 36,239 | 54,832 (1.51x) | ring 54,987 (1.52x) | 84,035 |",
+        "| mlp | 4 | 38,005 | 53,939 (1.42x) | bf16 66,364 (1.75x) | 195,474 |",
+        "| lenet | 2 | 14,228 | 16,491 (1.16x) | bf16 17,329 (1.22x) | 25,611 |",
+        "| lenet | 4 | 17,908 | 22,292 (1.24x) | central 22,292 (1.24x) | 29,106 |"]
+
+
+def test_a_planted_diary_phrase_fails():
+    text = planted("concepts.md", "\n\n", "\n\nThe next cut to measure is the input.\n\n")
+    assert checks.diary_phrases(text) == [
+        "'next cut' in: The next cut to measure is the input."]
+
+
+def test_every_included_file_is_named_where_github_shows_the_include_line():
+    """GitHub shows `--8<--` lines, not the file they include: the prose
+    just before each such block names the file."""
+    for page, text in pages().items():
+        lines = text.splitlines()
+        for k, line in enumerate(lines):
+            match = re.match(r'--8<-- "([^":]+)', line)
+            if match:
+                fence = max(i for i in range(k) if lines[i].startswith("```"))
+                assert match[1] in "\n".join(lines[max(0, fence - 4):fence]), (page, line)
