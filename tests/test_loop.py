@@ -31,11 +31,10 @@ class FakeStep:
         self.calls.append(count)
         self.global_step.assign_add(count)
         return {"loss": tf.ones([count]), "accuracy": tf.fill([count], 0.5),
-                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool),
-                "steps": tf.constant(count)}
+                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool)}
 
     def train(self, iterators):
-        return {key: value[0] for key, value in self._run(1).items() if key != "steps"}
+        return {key: value[0] for key, value in self._run(1).items()}
 
     def train_loop(self, iterators, count, halt=True):
         return self._run(int(count))

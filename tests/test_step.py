@@ -117,7 +117,6 @@ def test_a_loop_of_steps_equals_the_steps_one_by_one(digits):
     losses = [float(one_by_one.train(iterators)["loss"]) for _ in range(6)]
     outputs = looped.train_loop(digit_iterators(digits, looped.placement, 6, BATCH),
                                 tf.constant(6))
-    assert int(outputs["steps"]) == 6
     # Every step's own loss comes back, not only the last one's.
     assert outputs["loss"].numpy().tolist() == losses
     assert int(looped.global_step.numpy()) == int(one_by_one.global_step.numpy()) == 6
@@ -143,7 +142,6 @@ def test_a_loop_ends_at_its_first_non_finite_step():
     outputs = step.train_loop(iterators, tf.constant(10))
     # The loop runs its ten steps (its condition never waits on the device),
     # but after step 6 none of them leaves a trace: the state is step 6's.
-    assert int(outputs["steps"]) == 10
     assert outputs["finite"].numpy()[:, 1].tolist() == [True] * 5 + [False] * 5
     assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (6, 1)
     assert step.metrics()["steps"] == 5  # the sixth update was not applied

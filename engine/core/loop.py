@@ -191,7 +191,7 @@ def per_step(outputs: dict, halt: bool = True) -> list[dict]:
     (`TowerStep.train`) or of a loop (`TowerStep.train_loop`, stacked).
     With `halt`, none after the first step that was neither finite nor a
     loss-scale overflow: the loop left no trace of those."""
-    values = {key: np.asarray(value) for key, value in outputs.items() if key != "steps"}
+    values = {key: np.asarray(value) for key, value in outputs.items()}
     if values["loss"].ndim == 0:
         values = {key: value[np.newaxis] for key, value in values.items()}
     count = len(values["loss"])

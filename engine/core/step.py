@@ -338,7 +338,7 @@ class TowerStep:
         """`count` steps in one call (a `tf.while_loop`), so the host
         dispatches once per `count` steps; returns each step's outputs
         stacked (`loss`, `accuracy`, `overflow`: [count]; `finite`:
-        [count, towers]) and `steps`, `count`.
+        [count, towers]).
 
         Nothing in the loop waits on the GPU: its condition is a host
         counter. With `halt`, the steps after one whose loss or gradient
@@ -359,7 +359,7 @@ class TowerStep:
             if halt:
                 healthy = tf.logical_or(tf.reduce_all(outputs["finite"]), outputs["overflow"])
                 allowed = tf.logical_and(allowed, healthy)
-        return {**{key: stack.stack() for key, stack in stacks.items()}, "steps": count}
+        return {key: stack.stack() for key, stack in stacks.items()}
 
     def _evaluate(self, iterators, valid):
         """Loss sum, correct count and sample count over the real samples.
