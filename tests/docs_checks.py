@@ -107,10 +107,13 @@ def bad_commands(text: str) -> list[str]:
         name = words[0].rsplit("/", 1)[-1]
         module, attribute = COMMANDS[name]
         command = getattr(importlib.import_module(module), attribute)
+        # Eager flags (--help, --version, --list-devices) would act on being
+        # parsed; they are flags that exist, so the rest is what is checked.
+        eager = {"-h", "--help", *(opt for param in command.params if param.is_eager
+                                    for opt in param.opts)}
+        words = [word for word in words if word not in eager]
         try:
             command.make_context(name, words[1:], resilient_parsing=False)
-        except click.exceptions.Exit:
-            pass  # --help, --version
         except click.ClickException as err:
             wrong.append(f"{line}: {err.format_message()}")
     return wrong
