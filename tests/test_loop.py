@@ -31,7 +31,8 @@ class FakeStep:
         self.calls.append(count)
         self.global_step.assign_add(count)
         return {"loss": tf.ones([count]), "accuracy": tf.fill([count], 0.5),
-                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool)}
+                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool),
+                "learning_rate": tf.fill([count], 0.1)}
 
     def train(self, iterators):
         return {key: value[0] for key, value in self._run(1).items()}

@@ -245,6 +245,9 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
         eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
                       if info is not None and info.val_size else 0)
     picked = run.choices if run else ()
+    schedule = getattr(run.model, "schedule", None) if run else None
+    if hasattr(schedule, "check_length"):
+        schedule.check_length(epochs)
     if steps_per_loop is None:
         choice = choices.steps_per_loop(gpus, every=(checkpoint_every, check_replicas))
         steps_per_loop = choice.value

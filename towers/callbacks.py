@@ -58,8 +58,9 @@ class Callback:
         Args:
           batch: the step's index in its epoch, counted from 0 (as Keras).
           logs: `loss` and `accuracy` of this step alone (Keras gives the
-            epoch's running means; the epoch's are in `on_epoch_end`), and
-            `step`, the global step counted from 1.
+            epoch's running means; the epoch's are in `on_epoch_end`), the
+            `learning_rate` its update used, and `step`, the global step
+            counted from 1.
         """
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
@@ -148,7 +149,8 @@ class _Watcher:
     def after_step(self, step: int, outputs: dict) -> None:
         if not self.per_step:
             return
-        logs = {"loss": outputs["loss"], "accuracy": outputs["accuracy"], "step": step}
+        logs = {"loss": outputs["loss"], "accuracy": outputs["accuracy"],
+                "learning_rate": outputs["learning_rate"], "step": step}
         for callback in self.per_step:
             _call(callback, "on_train_batch_end", (step - 1) % self.steps_per_epoch, logs)
 

@@ -38,6 +38,15 @@ class Trainer:
       learning_rate: for a named optimizer; default: its rate for a batch of
         32 scaled to the global batch (square root for adam and rmsprop,
         linearly for sgd and momentum).
+      lr_schedule: how a named optimizer's rate moves after the warm-up:
+        `"constant"`, `"step:EPOCHS:FACTOR"` (`"step:30:0.1"`: times 0.1
+        every 30 epochs), `"cosine"` or `"poly[:POWER]"` (to 0 at the last
+        step), or your own
+        `keras.optimizers.schedules.LearningRateSchedule` or function of
+        the update count. The rate is in the metrics, TensorBoard and
+        callbacks' logs; a resumed run goes on along the same curve.
+      warmup_epochs: epochs of linear warm-up to the learning rate (Goyal et
+        al.), before the schedule's shape; shorter than the run.
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -111,6 +120,8 @@ class Trainer:
         model: str | Callable = "mlp",
         optimizer: str | Callable = "adam",
         learning_rate: float | None = None,
+        lr_schedule="constant",
+        warmup_epochs: float = 0.0,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -139,6 +150,7 @@ class Trainer:
         stream: TextIO | None = None,
         resume_hint: str = "fit(..., resume=True)",
     ):
+        from engine.core import schedules
         from engine.core.options import ModelOptions
         from engine.run import session as session_lib
         from towers import _setup as setup
@@ -169,6 +181,7 @@ class Trainer:
             model=models.builder(model), model_name=models.model_name(model),
             optimizer=optimizer, learning_rate=1e-3 if learning_rate is None else learning_rate,
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
+            schedule=schedules.of(lr_schedule, warmup_epochs),
         )
         source = data or sources.mnist()
         if image_size is not None and source.kind == "text":

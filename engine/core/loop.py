@@ -110,7 +110,7 @@ def run(
             step.reset_metrics()  # a resumed epoch keeps the sums it restored
         skipped_before = int(step.skipped.numpy())
         start = time.perf_counter()
-        k = first
+        k, learning_rate = first, None
         while k <= per_epoch:
             # The run's first step goes alone: it traces the step, and a
             # placement log captures that single step.
@@ -120,6 +120,7 @@ def run(
             for outputs in steps:
                 done += 1
                 k += 1
+                learning_rate = outputs["learning_rate"]
                 for watcher in watchers:
                     watcher.after_step(done, outputs)
             if options.check_replicas and done % options.check_replicas == 0:
@@ -136,6 +137,7 @@ def run(
         record["images_per_sec"] = (per_epoch - first + 1) * global_batch / seconds
         record["seconds"] = seconds
         record["skipped"] = int(step.skipped.numpy())
+        record["learning_rate"] = learning_rate  # the epoch's last step's
         if step.loss_scale.dynamic:
             record["loss_scale"] = float(step.loss_scale.scale.numpy())
             record["overflows"] = int(step.loss_scale.overflows.numpy())
@@ -201,7 +203,7 @@ def per_step(outputs: dict, halt: bool = True) -> list[dict]:
             count = int(np.argmin(healthy)) + 1
     return [{"loss": float(values["loss"][i]), "accuracy": float(values["accuracy"][i]),
              "finite": values["finite"][i], "overflow": bool(values["overflow"][i]),
-             "block_end": i == count - 1}
+             "learning_rate": float(values["learning_rate"][i]), "block_end": i == count - 1}
             for i in range(count)]
 
 

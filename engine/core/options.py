@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from engine.core.schedules import Schedule
 from engine.errors import UsageError
 from engine.userfn import label
 
@@ -135,6 +136,9 @@ class ModelOptions:
         dynamic loss scaling). Variables and the loss stay float32.
       xla: compile with XLA (engine.core.step.TowerStep); the variables
         must be on the towers' devices (engine.core.variables.check_xla).
+      schedule: how the learning rate of an OPTIMIZERS optimizer moves
+        (engine.core.schedules.Schedule: a warm-up, then a shape), or a
+        Keras `LearningRateSchedule` it is built with instead of a number.
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -151,6 +155,7 @@ class ModelOptions:
     variables: str = "reduce-device"
     compute_dtype: str = "float32"
     xla: bool = False
+    schedule: object = Schedule()
 
     def __post_init__(self):
         if not self.model_name:
@@ -168,6 +173,11 @@ class ModelOptions:
             )
         if not self.learning_rate > 0:
             raise UsageError(f"<learning_rate> ({self.learning_rate}) must be positive")
+        plain = isinstance(self.schedule, Schedule) and self.schedule.plain
+        if not plain and not isinstance(self.optimizer, str):
+            raise UsageError(
+                "<lr_schedule> and <warmup_epochs> are for a named optimizer; give your "
+                "own optimizer its schedule (keras.optimizers.schedules) itself")
         if self.variables not in VARIABLE_MODES:
             raise UsageError(
                 f"<variables> {self.variables!r} is not one of {', '.join(VARIABLE_MODES)}"
@@ -183,12 +193,14 @@ class ModelOptions:
         """The optimizer as the run's header names it."""
         return self.optimizer if isinstance(self.optimizer, str) else label(self.optimizer)
 
-    def make_optimizer(self):
-        """A new Keras optimizer, for one variable copy."""
+    def make_optimizer(self, learning_rate=None):
+        """A new Keras optimizer, for one variable copy; a named one with
+        `learning_rate` (a number or a Keras schedule) if given."""
         import keras
 
         if isinstance(self.optimizer, str):
-            return OPTIMIZERS[self.optimizer](self.learning_rate)
+            return OPTIMIZERS[self.optimizer](
+                self.learning_rate if learning_rate is None else learning_rate)
         optimizer = self.optimizer()
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise UsageError(

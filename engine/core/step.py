@@ -286,6 +286,8 @@ class TowerStep:
             # The mean loss is finite exactly when every tower's loss is.
             overflow = self.loss_scale.update(finite, tf.math.is_finite(step.loss), allowed)
             updates = tf.logical_and(finite, allowed)
+            # The rate this step's update uses, read before the update counts it.
+            rate = tf.cast(self.variables.learning_rate(), tf.float32)
         self._apply(updates, step.grads)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             zero = tf.constant(0.0, tf.float64)
@@ -308,6 +310,7 @@ class TowerStep:
                 "accuracy": tf.cast(step.correct, tf.float64) / samples,
                 "finite": step.finite,
                 "overflow": overflow,
+                "learning_rate": rate,
             }
 
     def _apply(self, updates: tf.Tensor, grads) -> None:
@@ -337,8 +340,8 @@ class TowerStep:
     def _train_loop(self, iterators, count, halt: bool = True):
         """`count` steps in one call (a `tf.while_loop`), so the host
         dispatches once per `count` steps; returns each step's outputs
-        stacked (`loss`, `accuracy`, `overflow`: [count]; `finite`:
-        [count, towers]).
+        stacked (`loss`, `accuracy`, `overflow`, `learning_rate`: [count];
+        `finite`: [count, towers]).
 
         Nothing in the loop waits on the GPU: its condition is a host
         counter. With `halt`, the steps after one whose loss or gradient
@@ -351,7 +354,7 @@ class TowerStep:
         count = tf.identity(count)
         stacks = {key: tf.TensorArray(dtype, size=count) for key, dtype in (
             ("loss", tf.float32), ("accuracy", tf.float64), ("finite", tf.bool),
-            ("overflow", tf.bool))}
+            ("overflow", tf.bool), ("learning_rate", tf.float32))}
         allowed = tf.constant(True)
         for k in tf.range(count):
             outputs = self._train(iterators, allowed)

@@ -56,6 +56,9 @@ class VariableMode(Protocol):
         """Every variable `apply` writes: the trainable variables and the
         optimizers' state (a step that must not update keeps their values)."""
 
+    def learning_rate(self) -> tf.Tensor:
+        """The rate the next update applies (tower 0's copy's optimizer)."""
+
 
 class ReplicaDriftError(RunError):
     """Replicated copies of a variable no longer agree."""
@@ -121,6 +124,9 @@ class ReduceDeviceVariables:
     def updated_variables(self) -> list:
         return written_by(self.optimizer, self.model)
 
+    def learning_rate(self) -> tf.Tensor:
+        return self.optimizer.learning_rate
+
 
 class ReplicatedVariables:
     """A copy of every variable on each tower's device, identical at the start;
@@ -185,6 +191,9 @@ class ReplicatedVariables:
 
     def updated_variables(self) -> list:
         return [v for o, m in zip(self.optimizers, self.models) for v in written_by(o, m)]
+
+    def learning_rate(self) -> tf.Tensor:
+        return self.optimizers[0].learning_rate
 
     def _max_differences(self):
         """[towers - 1, variables]: max |copy - tower 0's copy|, on each tower."""

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from engine import data, reducers
-from engine.core import loop, loss_scale, precision
+from engine.core import loop, loss_scale, precision, schedules
 from engine.core import variables as variables_lib
 from engine.core.losses import per_sample
 from engine.core.options import ModelOptions
@@ -30,6 +30,7 @@ class BuiltRun:
     step: TowerStep
     train_iterators: list
     held_out: loop.HeldOut | None
+    learning_rates: schedules.LearningRates | None = None
 
 
 def build(
@@ -50,9 +51,17 @@ def build(
                 num_classes=data_options.num_classes,
             )
 
+    make_optimizer, rates = model_options.make_optimizer, None
+    if isinstance(model_options.schedule, schedules.Schedule):
+        if not model_options.schedule.plain:
+            rates = schedules.LearningRates(model_options.learning_rate, model_options.schedule)
+            make_optimizer = lambda: model_options.make_optimizer(rates.new())  # noqa: E731
+    else:  # the user's own: a Keras LearningRateSchedule or a function of the step
+        own = schedules.from_function(model_options.schedule)
+        make_optimizer = lambda: model_options.make_optimizer(own)  # noqa: E731
     step = TowerStep(
         variables=variables_lib.make(
-            model_options.variables, make_model, model_options.make_optimizer, placement,
+            model_options.variables, make_model, make_optimizer, placement,
             xla=model_options.xla,
         ),
         placement=placement,
@@ -77,7 +86,7 @@ def build(
             batch_size=data_options.batch_size,
             num_towers=len(placement.towers),
         )
-    return BuiltRun(step, train_iterators, held_out)
+    return BuiltRun(step, train_iterators, held_out, rates)
 
 
 def tower_iterators(

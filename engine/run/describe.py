@@ -56,6 +56,13 @@ def describe(
     model_options, reducer = options.model, options.reducer
     note = model_options.learning_rate_note
     lr = f"lr {model_options.learning_rate:.4g}" + (f" ({note})" if note else "")
+    schedule = model_options.schedule
+    if hasattr(schedule, "describe") and not schedule.plain:
+        lr += f", {schedule.describe()}"
+    elif not hasattr(schedule, "describe"):
+        own = label(schedule) if callable(schedule) and hasattr(schedule, "__name__") else (
+            type(schedule).__name__)  # a function by its name, a schedule by its class
+        lr = f"lr by {own}"
     if not isinstance(model_options.optimizer, str):
         lr = "its own learning rate"
     how = "" if reducer.name == "central" else f"{label(reducer.name)} "

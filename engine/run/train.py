@@ -98,6 +98,10 @@ def train(
             "building the towers", build,
             placement, options.data, options.model, options.reducer, info.val_size,
         )
+    if built.learning_rates is not None:
+        loop_options = options.loop
+        built.learning_rates.set_lengths(loop_options.steps_per_epoch,
+                                         loop_options.epochs * loop_options.steps_per_epoch)
     voice.header(describe(placement, options, built.step.model, info, built.step.reducer))
     run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite,
                                    warn=voice.warn)]

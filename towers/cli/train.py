@@ -71,6 +71,7 @@ def _is_file(path: str | None) -> bool:
 def _arguments(flags: dict) -> tuple[dict, dict]:
     """Trainer and fit arguments from the flags, checked as far as can be
     without TensorFlow."""
+    from engine.core import schedules
     from towers import _setup
 
     fit = {name: flags.pop(name) for name in FIT_FLAGS}
@@ -83,6 +84,7 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
                                      topology=flags["topology"])
     _setup.check_fit(reducer, flags["variables"],
                      **{k: v for k, v in fit.items() if k not in CLI_FIT_FLAGS})
+    schedules.of(flags["lr_schedule"], flags["warmup_epochs"]).check_length(fit["epochs"])
     flags["data"] = data_source(flags)
     return flags, fit
 

@@ -24,7 +24,8 @@ SECTIONS = {
     "Devices": ["devices", "gpu_memory", "reduce_device", "list_devices"],
     "Data": ["data_path", "data_format", "seq_len", "image_size", "num_classes",
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
-    "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "seed"],
+    "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
+                       "warmup_epochs", "seed"],
     "Training": ["batch_size", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
                  "skip_nonfinite", "deterministic", "metrics", "save_model"],
     "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
@@ -182,6 +183,23 @@ _OPTIONS = [
         help="Learning rate. Default: the optimizer's rate for a batch of 32 "
         "(adam, rmsprop 0.001; sgd, momentum 0.01) scaled to the global batch: "
         "by its square root for adam and rmsprop, linearly for sgd.",
+    ),
+    click.option(
+        "--lr-schedule",
+        default="constant",
+        show_default=True,
+        help="How the learning rate moves after the warm-up: constant, "
+        "step:EPOCHS:FACTOR (step:30:0.1: times 0.1 every 30 epochs), cosine or "
+        "poly[:POWER] (to 0 at the last step). Counted in updates: a resumed run "
+        "goes on along the same curve.",
+    ),
+    click.option(
+        "--warmup-epochs",
+        default=0.0,
+        show_default=True,
+        type=float,
+        help="Epochs of linear warm-up to --lr (Goyal et al.), before the schedule; "
+        "shorter than --epochs.",
     ),
     click.option("--seed", default=0, show_default=True, type=int),
     click.option(
