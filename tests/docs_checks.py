@@ -29,6 +29,8 @@ DIARY = (
     "those days", "next cut", "is missed", "are missed", "the new tests", "before it did",
     "this 2-core machine", "ci machine", "two runs of it", "minutes apart", "/root/",
     "this session", "we measured", "was measured today", "as of now", "for now",
+    "today's default", "the default then", "now run", "reason not found", "does not explain",
+    "of that day",
 )
 
 MONTHS = r"(?:20\d\d-\d\d-\d\d)"

@@ -91,6 +91,11 @@ CHECKS = {
         and os.path.getsize(os.path.join(cwd, "lenet.keras")) > 100_000),
     "callbacks.py": lambda out, cwd: stopped_early(out),
     "save_and_load.py": lambda out, cwd: out == "(3, 10)\n",
+    "schedule.py": lambda out, cwd: out.splitlines()[:6] == [
+        "step  5: learning rate 0.0500", "step 10: learning rate 0.1000",
+        "step 15: learning rate 0.0854", "step 20: learning rate 0.0500",
+        "step 25: learning rate 0.0146", "step 30: learning rate 0.0000"]
+        and float(out.splitlines()[6].split()[-1]) >= 0.7,
     "compare.py": lambda out, cwd: compared(out, cwd),
     "placement_budget.py": lambda out, cwd: (
         out.startswith("placement of the train step (")

@@ -95,7 +95,8 @@ class Trainer:
       dali_threads: DALI threads per tower pipeline; default: half the
         host's cores over GPU towers, a quarter over CPU towers.
       prefetch: DALI's prefetch queue depth per tower pipeline.
-      cluster: `"worker=h1:2222,h2:2222"` for remote towers; default
+      cluster: `"chief=h1:2223;worker=h1:2222,h2:2222"` for remote towers
+        (`"worker=127.0.0.1:2222"` for workers on this host); default
         TF_CONFIG's cluster, if set.
       connect_timeout: seconds to wait at start for every cluster task.
       step_timeout: seconds one step may take, with a cluster, before the
