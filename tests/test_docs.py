@@ -216,7 +216,7 @@ def test_a_planted_bad_flag_fails():
                    "--epoch 2 --steps-per-epoch 100")
     (wrong,) = checks.bad_commands(text)
     assert wrong.startswith("tower-train --devices cpu:2 --epoch 2 ")
-    assert wrong.endswith("No such option '--epoch'. Did you mean '--epochs'?")
+    assert "No such option '--epoch'." in wrong and "'--epochs'" in wrong
 
 
 def test_a_planted_undated_figure_row_fails():
