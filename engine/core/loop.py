@@ -62,8 +62,8 @@ class Watcher(Protocol):
 
     def after_step(self, step: int, outputs: dict) -> None:
         """After every step, in order, with that step's own figures as host
-        values: `loss`, `accuracy`, `finite` (per tower), `overflow`, and
-        `block_end`. A call of several steps (`steps_per_loop`) reports its
+        values: `loss`, `accuracy`, `finite` (per tower), `overflow`,
+        `learning_rate` (the rate its update used) and `block_end`. A call of several steps (`steps_per_loop`) reports its
         steps once it returns; only at its last (`block_end` true) are the
         variables those after the step, where a checkpoint can be saved or
         the run stopped."""

@@ -274,9 +274,11 @@ class TowerStep:
     def _update_on_batches(self, batches, allowed):
         """`_train` after the input: one compiled program with `whole_step`.
 
-        `allowed` false makes the step leave no trace: no update, no loss
-        scale move, no count (a step after a non-finite one in a loop that
-        stops there). Every count is kept by selects, not branches.
+        `allowed` false makes the step leave no trace in the variables, the
+        loss scale or the counts (a step after a non-finite one in a loop
+        that stops there; a reducer with state still runs its
+        `after_update`, and the run stops without saving). Every count is
+        kept by selects, not branches.
         """
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
