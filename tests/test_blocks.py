@@ -123,3 +123,18 @@ def test_a_resume_from_a_checkpoint_inside_a_call_is_exact(tmp_path):
     for a, b in zip(weights(whole_trainer), weights(trainer)):
         np.testing.assert_array_equal(a, b)
     assert [r["epoch"] for r in records] == [1, 2]
+
+
+@pytest.mark.parametrize("gpus, every, want", [
+    (True, (0, 0), 25), (True, (40, 0), 20), (True, (7, 0), 7), (True, (50, 30), 10),
+    (True, (100, 0), 25), (False, (0, 0), 1), (False, (40, 0), 1)])
+def test_the_chosen_steps_per_call_divide_the_checkpoint_and_replica_cadence(gpus, every, want):
+    from engine.errors import render
+    from engine.run import choices
+    from towers.cli.train import FLAGS
+
+    choice = choices.steps_per_loop(gpus, every=every)
+    assert choice.value == want
+    if gpus:
+        assert render(choice.reason, FLAGS).endswith("(--steps-per-loop 1 for one)")
+        assert ("a divisor of the checkpoint" in choice.reason) == (want < 25)
