@@ -1,6 +1,7 @@
 """MkDocs hooks: the site fails to build when a public name has no docstring
-or no place in the API reference, and page snippets resolve from the
-repository's root wherever mkdocs is started."""
+or no place in the API reference, page snippets resolve from the
+repository's root wherever mkdocs is started, and the command reference
+shows no sentinel or home folder of the machine that built it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC = ("towers", "towers.callbacks", "towers.data", "towers.models", "towers.placement",
           "towers.reducers", "towers.cost", "towers.study")
 REFERENCE = "reference/python.md"
+CLI_REFERENCE = "reference/cli.md"
 
 
 def on_config(config):
@@ -41,6 +43,17 @@ def undocumented() -> list[str]:
             if target is None or not (target.docstring and target.docstring.value.strip()):
                 missing.append(f"{dotted}.{name}")
     return missing
+
+
+def on_page_content(html, page, config, files):
+    """The command reference as a reader anywhere would see it: click 8.3 and
+    later give options without a default `Sentinel.UNSET`, which
+    mkdocs-click 0.9 prints (mkdocs/mkdocs-click#95), and the MNIST default
+    names the building user's home folder."""
+    if page.file.src_uri != CLI_REFERENCE:
+        return html
+    html = html.replace("<code>Sentinel.UNSET</code>", "-")
+    return html.replace(os.path.expanduser("~") + "/", "~/")
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -44,6 +44,9 @@ def test_the_site_builds_in_strict_mode(tmp_path):
                     "tower-reduce-bench", "tower-worker"):
         assert f"<h2 id=\"{command}\"" in cli, command
     assert "--skip-nonfinite" in cli and "--reduce-device" in cli
+    # No click sentinel for a missing default, no home folder of the builder.
+    assert "Sentinel" not in cli and os.path.expanduser("~") + "/" not in cli
+    assert "Epochs to train in all" in cli
 
 
 @pytest.fixture

@@ -146,7 +146,8 @@ _OPTIONS = [
         type=int,
         help="Samples per tower per step.",
     ),
-    click.option("--epochs", default=5, show_default=True, type=int),
+    click.option("--epochs", default=5, show_default=True, type=int,
+                 help="Epochs to train in all (a resumed run trains up to this many)."),
     click.option(
         "--steps-per-epoch",
         default=None,
@@ -174,6 +175,7 @@ _OPTIONS = [
         default="adam",
         show_default=True,
         type=click.Choice(["sgd", "momentum", "adam", "rmsprop"]),
+        help="The Keras optimizer (momentum: SGD with momentum 0.9).",
     ),
     click.option(
         "--lr",
@@ -201,7 +203,8 @@ _OPTIONS = [
         help="Epochs of linear warm-up to --lr (Goyal et al.), before the schedule; "
         "shorter than --epochs.",
     ),
-    click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--seed", default=0, show_default=True, type=int,
+                 help="Seeds model initialisation, dropout and DALI's shuffling."),
     click.option(
         "--metrics",
         "metrics",
