@@ -59,8 +59,9 @@ class Callback:
           batch: the step's index in its epoch, counted from 0 (as Keras).
           logs: `loss` and `accuracy` of this step alone (Keras gives the
             epoch's running means; the epoch's are in `on_epoch_end`), the
-            `learning_rate` its update used, and `step`, the global step
-            counted from 1.
+            `learning_rate` its update used, `grad_norm` (the reduced
+            gradients' norm before clipping, with `clip_norm`), and `step`,
+            the global step counted from 1.
         """
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
@@ -149,8 +150,9 @@ class _Watcher:
     def after_step(self, step: int, outputs: dict) -> None:
         if not self.per_step:
             return
-        logs = {"loss": outputs["loss"], "accuracy": outputs["accuracy"],
-                "learning_rate": outputs["learning_rate"], "step": step}
+        logs = {key: value for key, value in outputs.items()
+                if key not in ("finite", "overflow", "block_end")}
+        logs["step"] = step
         for callback in self.per_step:
             _call(callback, "on_train_batch_end", (step - 1) % self.steps_per_epoch, logs)
 

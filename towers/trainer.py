@@ -47,6 +47,9 @@ class Trainer:
         callbacks' logs; a resumed run goes on along the same curve.
       warmup_epochs: epochs of linear warm-up to the learning rate (Goyal et
         al.), before the schedule's shape; shorter than the run.
+      clip_norm: clip the gradients to this global norm after the reduction,
+        so every copy applies the same clipped mean; the norm before
+        clipping is in TensorBoard (`train/grad_norm`) and callbacks' logs.
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -123,6 +126,7 @@ class Trainer:
         learning_rate: float | None = None,
         lr_schedule="constant",
         warmup_epochs: float = 0.0,
+        clip_norm: float | None = None,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -182,7 +186,7 @@ class Trainer:
             model=models.builder(model), model_name=models.model_name(model),
             optimizer=optimizer, learning_rate=1e-3 if learning_rate is None else learning_rate,
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
-            schedule=schedules.of(lr_schedule, warmup_epochs),
+            schedule=schedules.of(lr_schedule, warmup_epochs), clip_norm=clip_norm,
         )
         source = data or sources.mnist()
         if image_size is not None and source.kind == "text":

@@ -63,7 +63,9 @@ class Watcher(Protocol):
     def after_step(self, step: int, outputs: dict) -> None:
         """After every step, in order, with that step's own figures as host
         values: `loss`, `accuracy`, `finite` (per tower), `overflow`,
-        `learning_rate` (the rate its update used) and `block_end`. A call of several steps (`steps_per_loop`) reports its
+        `learning_rate` (the rate its update used), `grad_norm` (the reduced
+        gradients' global norm before clipping, with `clip_norm`) and
+        `block_end`. A call of several steps (`steps_per_loop`) reports its
         steps once it returns; only at its last (`block_end` true) are the
         variables those after the step, where a checkpoint can be saved or
         the run stopped."""
@@ -201,9 +203,10 @@ def per_step(outputs: dict, halt: bool = True) -> list[dict]:
         healthy = values["finite"].all(axis=1) | values["overflow"]
         if not healthy.all():
             count = int(np.argmin(healthy)) + 1
-    return [{"loss": float(values["loss"][i]), "accuracy": float(values["accuracy"][i]),
+    scalars = [key for key in values if key not in ("finite", "overflow")]
+    return [{**{key: float(values[key][i]) for key in scalars},
              "finite": values["finite"][i], "overflow": bool(values["overflow"][i]),
-             "learning_rate": float(values["learning_rate"][i]), "block_end": i == count - 1}
+             "block_end": i == count - 1}
             for i in range(count)]
 
 

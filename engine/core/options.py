@@ -8,6 +8,7 @@ imports TensorFlow, so a run's arguments are checked before it starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from engine.core.schedules import Schedule
@@ -139,6 +140,8 @@ class ModelOptions:
       schedule: how the learning rate of an OPTIMIZERS optimizer moves
         (engine.core.schedules.Schedule: a warm-up, then a shape), or a
         Keras `LearningRateSchedule` it is built with instead of a number.
+      clip_norm: clip the reduced gradients to this global norm (None: no
+        clipping).
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -156,6 +159,7 @@ class ModelOptions:
     compute_dtype: str = "float32"
     xla: bool = False
     schedule: object = Schedule()
+    clip_norm: float | None = None
 
     def __post_init__(self):
         if not self.model_name:
@@ -173,6 +177,9 @@ class ModelOptions:
             )
         if not self.learning_rate > 0:
             raise UsageError(f"<learning_rate> ({self.learning_rate}) must be positive")
+        if self.clip_norm is not None and not (self.clip_norm > 0
+                                               and math.isfinite(self.clip_norm)):
+            raise UsageError(f"<clip_norm> ({self.clip_norm}) must be a positive number")
         plain = isinstance(self.schedule, Schedule) and self.schedule.plain
         if not plain and not isinstance(self.optimizer, str):
             raise UsageError(

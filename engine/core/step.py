@@ -118,6 +118,9 @@ class TowerStep:
         variables itself, so they must be on the tower's device.
       loss: per-sample loss of (labels, outputs) (engine.core.losses);
         default: cross-entropy of softmax outputs.
+      clip_norm: scale the reduced gradients so their global norm is at
+        most this (after the reduction: every copy applies the same
+        clipped mean); the step's `grad_norm` output is the norm before.
       model_label, reducer_label: how messages name the model and the
         reducer when they raise.
     """
@@ -133,6 +136,7 @@ class TowerStep:
         loss: Loss = sparse_cross_entropy,
         model_label: str | None = None,
         reducer_label: str = "reducer",
+        clip_norm: float | None = None,
     ):
         self.variables = variables
         self.model = variables.model
@@ -143,6 +147,7 @@ class TowerStep:
         self.loss = loss
         self.model_label = model_label or self.model.name
         self.reducer_label = reducer_label
+        self.clip_norm = clip_norm
 
         def forward_backward(model, images, labels, scale):
             return tower_gradients(model, images, labels, scale, loss, self.model_label)
@@ -290,7 +295,10 @@ class TowerStep:
             updates = tf.logical_and(finite, allowed)
             # The rate this step's update uses, read before the update counts it.
             rate = tf.cast(self.variables.learning_rate(), tf.float32)
-        self._apply(updates, step.grads)
+        grads, extra = step.grads, {}
+        if self.clip_norm:
+            grads, extra["grad_norm"] = self._clipped(grads)
+        self._apply(updates, grads)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             zero = tf.constant(0.0, tf.float64)
             self.loss_sum.assign_add(tf.where(updates, tf.cast(step.loss, tf.float64), zero))
@@ -313,7 +321,26 @@ class TowerStep:
                 "finite": step.finite,
                 "overflow": overflow,
                 "learning_rate": rate,
+                **extra,
             }
+
+    def _clipped(self, grads):
+        """Each destination's reduced gradients scaled to a global norm of at
+        most `clip_norm`, on that destination; and the norm before, the
+        first destination's (every destination holds the same mean)."""
+        clipped, norms = [], []
+        for destination, each in zip(self.variables.destinations, grads):
+            with tf.device(destination), tf.name_scope(scopes.UPDATE):
+                scaled, norm = tf.clip_by_global_norm(list(each), self.clip_norm)
+            clipped.append(scaled)
+            norms.append(norm)
+        return clipped, tf.cast(norms[0], tf.float32)
+
+    def output_dtypes(self) -> dict:
+        """The per-step outputs of `train` and their dtypes (`finite` per tower)."""
+        dtypes = {"loss": tf.float32, "accuracy": tf.float64, "finite": tf.bool,
+                  "overflow": tf.bool, "learning_rate": tf.float32}
+        return {**dtypes, **({"grad_norm": tf.float32} if self.clip_norm else {})}
 
     def _apply(self, updates: tf.Tensor, grads) -> None:
         """The variable mode's update where `updates` is true.
@@ -342,8 +369,7 @@ class TowerStep:
     def _train_loop(self, iterators, count, halt: bool = True):
         """`count` steps in one call (a `tf.while_loop`), so the host
         dispatches once per `count` steps; returns each step's outputs
-        stacked (`loss`, `accuracy`, `overflow`, `learning_rate`: [count];
-        `finite`: [count, towers]).
+        stacked (`output_dtypes`: [count], `finite` [count, towers]).
 
         Nothing in the loop waits on the GPU: its condition is a host
         counter. With `halt`, the steps after one whose loss or gradient
@@ -354,9 +380,8 @@ class TowerStep:
         # An int32 argument stays in host memory (/cpu:0); the loop's control
         # would follow it there, off the device the step is called on.
         count = tf.identity(count)
-        stacks = {key: tf.TensorArray(dtype, size=count) for key, dtype in (
-            ("loss", tf.float32), ("accuracy", tf.float64), ("finite", tf.bool),
-            ("overflow", tf.bool), ("learning_rate", tf.float32))}
+        stacks = {key: tf.TensorArray(dtype, size=count)
+                  for key, dtype in self.output_dtypes().items()}
         allowed = tf.constant(True)
         for k in tf.range(count):
             outputs = self._train(iterators, allowed)

@@ -74,6 +74,7 @@ def build(
         xla=model_options.xla,
         loss=per_sample(model_options.loss, model_options.from_logits),
         model_label=model_options.model_name,
+        clip_norm=model_options.clip_norm,
         reducer_label=reducer_options.label,
     )
     check_outputs(step.model, data_options, model_options, step.variables.destinations[0])

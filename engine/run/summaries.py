@@ -1,7 +1,7 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy`, `train/learning_rate` (the rate
-its update used) and `train/step_seconds` (wall
+its update used), with `clip_norm` `train/grad_norm` (before clipping), and `train/step_seconds` (wall
 time between steps, all towers together; with `steps_per_loop` K, each step
 of a loop gets the loop's mean). Every epoch: `epoch/loss`
 and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
@@ -50,6 +50,8 @@ class Summaries:
                 tf.summary.scalar("train/loss", values["loss"])
                 tf.summary.scalar("train/accuracy", values["accuracy"])
                 tf.summary.scalar("train/learning_rate", values["learning_rate"])
+                if "grad_norm" in values:
+                    tf.summary.scalar("train/grad_norm", values["grad_norm"])
                 tf.summary.scalar("train/step_seconds", seconds)
         self._block = []
         if self.profile:

@@ -25,7 +25,7 @@ SECTIONS = {
     "Data": ["data_path", "data_format", "seq_len", "image_size", "num_classes",
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
-                       "warmup_epochs", "seed"],
+                       "warmup_epochs", "clip_norm", "seed"],
     "Training": ["batch_size", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
                  "skip_nonfinite", "deterministic", "metrics", "save_model"],
     "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
@@ -202,6 +202,13 @@ _OPTIONS = [
         type=float,
         help="Epochs of linear warm-up to --lr (Goyal et al.), before the schedule; "
         "shorter than --epochs.",
+    ),
+    click.option(
+        "--clip-norm",
+        default=None,
+        type=float,
+        help="Clip the gradients to this global norm after the reduction (every copy "
+        "applies the same clipped mean); the norm before clipping goes to --logdir.",
     ),
     click.option("--seed", default=0, show_default=True, type=int,
                  help="Seeds model initialisation, dropout and DALI's shuffling."),
