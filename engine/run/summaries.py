@@ -1,9 +1,9 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy`, `train/learning_rate` (the rate
-its update used), with `clip_norm` `train/grad_norm` (before clipping), and `train/step_seconds` (wall
-time between steps, all towers together; with `steps_per_loop` K, each step
-of a loop gets the loop's mean). Every epoch: `epoch/loss`
+its update used), with `clip_norm` `train/grad_norm` (before clipping), and
+`train/step_seconds` (wall time between steps, all towers together; with
+`steps_per_loop` K, each step of a loop gets the loop's mean). Every epoch: `epoch/loss`
 and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
 `epoch/skipped` and, with
 evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
