@@ -29,7 +29,7 @@ ARGUMENTS = frozenset("""
     compute_dtype connect_timeout dali_threads data deterministic devices epochs eval_steps
     fit_links from_logits json save_model verbose callbacks
     augment format gpu_memory group_size growth_interval image_shape image_size initial
-    keep_checkpoints learning_rate lr_schedule warmup_epochs clip_norm
+    keep_checkpoints learning_rate lr_schedule warmup_epochs clip_norm label_smoothing
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
     mixed_precision model num_classes optimizer pack_bytes path pipeline
     placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed

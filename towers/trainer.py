@@ -50,6 +50,8 @@ class Trainer:
       clip_norm: clip the gradients to this global norm after the reduction,
         so every copy applies the same clipped mean; the norm before
         clipping is in TensorBoard (`train/grad_norm`) and callbacks' logs.
+      label_smoothing: the default loss's label smoothing (0.1 in the
+        ResNet-50 recipes); the held-out loss is smoothed too, as in Keras.
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -127,6 +129,7 @@ class Trainer:
         lr_schedule="constant",
         warmup_epochs: float = 0.0,
         clip_norm: float | None = None,
+        label_smoothing: float = 0.0,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -187,6 +190,7 @@ class Trainer:
             optimizer=optimizer, learning_rate=1e-3 if learning_rate is None else learning_rate,
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
             schedule=schedules.of(lr_schedule, warmup_epochs), clip_norm=clip_norm,
+            label_smoothing=label_smoothing,
         )
         source = data or sources.mnist()
         if image_size is not None and source.kind == "text":

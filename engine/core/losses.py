@@ -20,7 +20,7 @@ import tensorflow as tf
 from engine.errors import UsageError
 from engine.userfn import calling, check_signature, label
 
-__all__ = ["Loss", "logits_cross_entropy", "per_sample", "sample_means",
+__all__ = ["Loss", "logits_cross_entropy", "per_sample", "sample_means", "smoothed",
            "sparse_cross_entropy"]
 
 Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -36,7 +36,22 @@ def logits_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-def per_sample(loss: Loss | keras.losses.Loss | None, from_logits: bool = False) -> Loss:
+def smoothed(smoothing: float, from_logits: bool = False) -> Loss:
+    """Cross-entropy of integer labels with label smoothing: the target puts
+    1 - smoothing + smoothing/K on the label and smoothing/K on each of the K
+    classes (Szegedy et al.; Keras' `CategoricalCrossentropy(label_smoothing=)`,
+    which takes one-hot labels)."""
+
+    def loss(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        one_hot = tf.one_hot(labels, tf.shape(outputs)[-1], dtype=outputs.dtype)
+        return keras.losses.categorical_crossentropy(
+            one_hot, outputs, from_logits=from_logits, label_smoothing=smoothing)
+
+    return loss
+
+
+def per_sample(loss: Loss | keras.losses.Loss | None, from_logits: bool = False,
+               label_smoothing: float = 0.0) -> Loss:
     """The per-sample loss function for the `loss` a user gave.
 
     Args:
@@ -47,6 +62,9 @@ def per_sample(loss: Loss | keras.losses.Loss | None, from_logits: bool = False)
         (with labels per position, [B, T] and [B, T, ...], returning [B, T]
         or [B]).
 
+      from_logits: the default loss takes logits.
+      label_smoothing: the default loss with label smoothing (`smoothed`).
+
     Returns:
       A function of (labels, outputs) that returns one float32 value per sample.
 
@@ -55,6 +73,8 @@ def per_sample(loss: Loss | keras.losses.Loss | None, from_logits: bool = False)
       UsageError: at trace time, a loss that returns a scalar (a Keras loss
         is unreduced here; a function must not reduce).
     """
+    if loss is None and label_smoothing:
+        return _per_sample(smoothed(label_smoothing, from_logits))
     if loss is None:
         return _per_sample(logits_cross_entropy if from_logits else sparse_cross_entropy)
     if isinstance(loss, keras.losses.Loss):

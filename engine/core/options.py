@@ -142,6 +142,8 @@ class ModelOptions:
         Keras `LearningRateSchedule` it is built with instead of a number.
       clip_norm: clip the reduced gradients to this global norm (None: no
         clipping).
+      label_smoothing: the default loss's label smoothing, 0 to below 1
+        (the held-out loss is the same smoothed loss, as in Keras).
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -160,6 +162,7 @@ class ModelOptions:
     xla: bool = False
     schedule: object = Schedule()
     clip_norm: float | None = None
+    label_smoothing: float = 0.0
 
     def __post_init__(self):
         if not self.model_name:
@@ -180,6 +183,14 @@ class ModelOptions:
         if self.clip_norm is not None and not (self.clip_norm > 0
                                                and math.isfinite(self.clip_norm)):
             raise UsageError(f"<clip_norm> ({self.clip_norm}) must be a positive number")
+        if not 0 <= self.label_smoothing < 1:
+            raise UsageError(
+                f"<label_smoothing> ({self.label_smoothing}) must be at least 0 and below 1 "
+                "(0.1 is the ResNet-50 recipes')")
+        if self.label_smoothing and self.loss is not None:
+            raise UsageError(
+                "<label_smoothing> smooths the default loss; give your own <loss> its "
+                "smoothing itself")
         plain = isinstance(self.schedule, Schedule) and self.schedule.plain
         if not plain and not isinstance(self.optimizer, str):
             raise UsageError(

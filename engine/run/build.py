@@ -72,7 +72,8 @@ def build(
             else loss_scale.NoLossScale()
         ),
         xla=model_options.xla,
-        loss=per_sample(model_options.loss, model_options.from_logits),
+        loss=per_sample(model_options.loss, model_options.from_logits,
+                        model_options.label_smoothing),
         model_label=model_options.model_name,
         clip_norm=model_options.clip_norm,
         reducer_label=reducer_options.label,

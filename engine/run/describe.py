@@ -65,6 +65,8 @@ def describe(
         lr = f"lr by {own}"
     if not isinstance(model_options.optimizer, str):
         lr = "its own learning rate"
+    if model_options.label_smoothing:
+        lr += f"; labels smoothed by {model_options.label_smoothing:g}"
     if model_options.clip_norm:
         lr += f"; gradients clipped to global norm {model_options.clip_norm:g} after the mean"
     how = "" if reducer.name == "central" else f"{label(reducer.name)} "
