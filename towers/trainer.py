@@ -52,6 +52,9 @@ class Trainer:
         clipping is in TensorBoard (`train/grad_norm`) and callbacks' logs.
       label_smoothing: the default loss's label smoothing (0.1 in the
         ResNet-50 recipes); the held-out loss is smoothed too, as in Keras.
+      weight_decay: decoupled weight decay of a named optimizer (as AdamW
+        and SGDW), on the weights of two or more dimensions; biases and
+        normalisation scales and offsets are not decayed (the header says so).
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -130,6 +133,7 @@ class Trainer:
         warmup_epochs: float = 0.0,
         clip_norm: float | None = None,
         label_smoothing: float = 0.0,
+        weight_decay: float = 0.0,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -190,7 +194,7 @@ class Trainer:
             optimizer=optimizer, learning_rate=1e-3 if learning_rate is None else learning_rate,
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
             schedule=schedules.of(lr_schedule, warmup_epochs), clip_norm=clip_norm,
-            label_smoothing=label_smoothing,
+            label_smoothing=label_smoothing, weight_decay=weight_decay,
         )
         source = data or sources.mnist()
         if image_size is not None and source.kind == "text":

@@ -26,15 +26,16 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _keras_optimizer(name: str, **arguments):
-    def make(learning_rate: float):
+    def make(learning_rate: float, **more):
         import keras
 
-        return getattr(keras.optimizers, name)(learning_rate, **arguments)
+        return getattr(keras.optimizers, name)(learning_rate, **arguments, **more)
 
     return make
 
 
-# The named optimizers: each makes a new Keras optimizer for a learning rate.
+# The named optimizers: each makes a new Keras optimizer for a learning rate
+# (and Keras' optimizer arguments, such as weight_decay).
 OPTIMIZERS = {
     "sgd": _keras_optimizer("SGD"),
     "momentum": _keras_optimizer("SGD", momentum=0.9),
@@ -144,6 +145,10 @@ class ModelOptions:
         clipping).
       label_smoothing: the default loss's label smoothing, 0 to below 1
         (the held-out loss is the same smoothed loss, as in Keras).
+      weight_decay: decoupled weight decay of a named optimizer (as AdamW,
+        SGDW: each update also takes rate x decay x the variable away), on
+        the variables of two or more dimensions only
+        (engine.core.variables.exclude_from_decay).
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -163,6 +168,7 @@ class ModelOptions:
     schedule: object = Schedule()
     clip_norm: float | None = None
     label_smoothing: float = 0.0
+    weight_decay: float = 0.0
 
     def __post_init__(self):
         if not self.model_name:
@@ -191,6 +197,12 @@ class ModelOptions:
             raise UsageError(
                 "<label_smoothing> smooths the default loss; give your own <loss> its "
                 "smoothing itself")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise UsageError(f"<weight_decay> ({self.weight_decay}) must be 0 or more "
+                             "(1e-4 and 5e-5 are the ResNet-50 recipes')")
+        if self.weight_decay and not isinstance(self.optimizer, str):
+            raise UsageError("<weight_decay> is for a named optimizer; give your own "
+                             "optimizer its weight_decay itself")
         plain = isinstance(self.schedule, Schedule) and self.schedule.plain
         if not plain and not isinstance(self.optimizer, str):
             raise UsageError(
@@ -217,8 +229,9 @@ class ModelOptions:
         import keras
 
         if isinstance(self.optimizer, str):
+            decay = {"weight_decay": self.weight_decay} if self.weight_decay else {}
             return OPTIMIZERS[self.optimizer](
-                self.learning_rate if learning_rate is None else learning_rate)
+                self.learning_rate if learning_rate is None else learning_rate, **decay)
         optimizer = self.optimizer()
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise UsageError(

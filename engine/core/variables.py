@@ -78,6 +78,23 @@ def updater(optimizer: keras.optimizers.Optimizer, model: keras.Model, xla: bool
     return tf.function(update, jit_compile=True) if xla else update
 
 
+def exclude_from_decay(optimizer: keras.optimizers.Optimizer, model: keras.Model) -> None:
+    """With weight decay, none on the variables of fewer than two
+    dimensions: biases and the scales and offsets of normalisation layers
+    (the rule of Goyal et al. and the ResNet-50 recipes); before the
+    optimizer is built."""
+    if optimizer.weight_decay:
+        optimizer.exclude_from_weight_decay(
+            var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
+
+
+def decayed(model: keras.Model) -> tuple[int, int]:
+    """(variables weight decay applies to, trainable variables), by
+    `exclude_from_decay`'s rule."""
+    variables = model.trainable_variables
+    return sum(len(v.shape) >= 2 for v in variables), len(variables)
+
+
 def written_by(optimizer: keras.optimizers.Optimizer, model: keras.Model) -> list:
     """What `optimizer.apply` on `model`'s trainable variables may write:
     those variables and the optimizer's own (step count, slots)."""
@@ -102,6 +119,7 @@ class ReduceDeviceVariables:
         with tf.device(self.device):
             self.model = make_model()
             self.optimizer = make_optimizer()
+            exclude_from_decay(self.optimizer, self.model)
             self.optimizer.build(self.model.trainable_variables)
         self.destinations = [self.device]
         self._update = updater(self.optimizer, self.model, xla)
@@ -148,6 +166,7 @@ class ReplicatedVariables:
             with tf.device(device):
                 model = make_model()
                 optimizer = make_optimizer()
+                exclude_from_decay(optimizer, model)
                 optimizer.build(model.trainable_variables)
             self.models.append(model)
             self.optimizers.append(optimizer)

@@ -10,6 +10,7 @@ import keras
 
 from engine import data
 from engine.core import loss_scale, precision
+from engine.core import variables as variables_lib
 from engine.core.options import ModelOptions
 from engine.errors import UsageError
 from engine.placement.log import RunInfo
@@ -65,6 +66,10 @@ def describe(
         lr = f"lr by {own}"
     if not isinstance(model_options.optimizer, str):
         lr = "its own learning rate"
+    if model_options.weight_decay:
+        on, of = variables_lib.decayed(model)
+        lr += (f"; weight decay {model_options.weight_decay:g} (decoupled) on {on} of {of} "
+               "variables, none on biases and normalisation scales and offsets (1-D)")
     if model_options.label_smoothing:
         lr += f"; labels smoothed by {model_options.label_smoothing:g}"
     if model_options.clip_norm:

@@ -25,7 +25,8 @@ SECTIONS = {
     "Data": ["data_path", "data_format", "seq_len", "image_size", "num_classes",
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
-                       "warmup_epochs", "clip_norm", "label_smoothing", "seed"],
+                       "warmup_epochs", "clip_norm", "label_smoothing",
+                       "weight_decay", "seed"],
     "Training": ["batch_size", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
                  "skip_nonfinite", "deterministic", "metrics", "save_model"],
     "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
@@ -217,6 +218,14 @@ _OPTIONS = [
         type=float,
         help="Label smoothing of the default loss (0.1 in the ResNet-50 recipes); "
         "eval_loss is smoothed too.",
+    ),
+    click.option(
+        "--weight-decay",
+        default=0.0,
+        show_default=True,
+        type=float,
+        help="Decoupled weight decay (as AdamW, SGDW) on the weights of two or more "
+        "dimensions; none on biases and normalisation scales and offsets.",
     ),
     click.option("--seed", default=0, show_default=True, type=int,
                  help="Seeds model initialisation, dropout and DALI's shuffling."),
