@@ -137,6 +137,7 @@ def test_every_example_has_a_check():
     assert set(CHECKS) | {"python_api.py"} == {os.path.basename(path) for path in EXAMPLES}
 
 
+@pytest.mark.slow  # a process each, training: the full suite runs them
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_the_example_runs_and_prints_what_the_docs_say(name, mnist_dir, tmp_path):
     # towers.data.mnist() reads $XDG_CACHE_HOME/tower-train/mnist: point it here.
