@@ -220,6 +220,8 @@ def gpu_profile(logdir: str, seconds: float, steps: int) -> dict:
 
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+    from engine.placement.profile import DERIVED_LINES
+
     paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True),
                    key=os.path.getmtime)
     space = xplane_pb2.XSpace()
@@ -231,9 +233,8 @@ def gpu_profile(logdir: str, seconds: float, steps: int) -> dict:
             continue
         names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
-            if line.name in ("XLA Modules", "XLA Ops", "TensorFlow Ops", "Steps",
-                             "TensorFlow Name Scope", "Source code"):
-                continue  # derived lines: the same time as the kernels below them
+            if line.name in DERIVED_LINES:
+                continue  # the same time as the kernels below them
             for event in line.events:
                 begin = line.timestamp_ns + event.offset_ps / 1000
                 intervals.append((begin, begin + event.duration_ps / 1000))

@@ -118,7 +118,7 @@ def gpu_copies(space) -> dict[str, int]:
             continue
         names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
-            if line.name in _DERIVED_LINES:
+            if line.name in DERIVED_LINES:
                 continue
             for event in line.events:
                 name = names.get(event.metadata_id, "")
@@ -129,7 +129,7 @@ def gpu_copies(space) -> dict[str, int]:
 
 
 # Lines of a GPU plane that repeat the time of the kernels and copies below them.
-_DERIVED_LINES = ("XLA Modules", "XLA Ops", "TensorFlow Ops", "Steps", "TensorFlow Name Scope",
+DERIVED_LINES = ("XLA Modules", "XLA Ops", "TensorFlow Ops", "Steps", "TensorFlow Name Scope",
                   "Source code")
 
 
