@@ -30,7 +30,7 @@ ARGUMENTS = frozenset("""
     fit_links from_logits json save_model verbose callbacks
     augment format gpu_memory group_size growth_interval image_shape image_size initial
     keep_checkpoints learning_rate lr_schedule warmup_epochs clip_norm label_smoothing
-    weight_decay
+    weight_decay metrics_top_k accumulate init_weights keep_best
     logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
     mixed_precision model num_classes optimizer pack_bytes path pipeline
     placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed

@@ -52,8 +52,9 @@ def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
             raise UsageError(f"<{argument}> ({value}) must be at least 1")
 
 
-def check_data_fits(info, towers: int, batch_size: int) -> None:
-    """Every tower needs a held-out shard, and a training shard of a batch or more."""
+def check_data_fits(info, towers: int, batch_size: int, accumulate: int = 1) -> None:
+    """Every tower needs a held-out shard, and a training shard of a step or
+    more (`accumulate` batches)."""
     if info.val_size is not None and info.val_size < towers:
         raise UsageError(
             f"<data>: {info.val_path} has {info.val_size} held-out samples, fewer than "
@@ -65,6 +66,13 @@ def check_data_fits(info, towers: int, batch_size: int) -> None:
             f"<batch_size={batch_size}>: {info.train_path} has {info.train_size} "
             f"samples, {info.train_size // towers} per shard for {towers} towers, "
             "fewer than one batch; lower <batch_size> or use fewer towers"
+        )
+    if info.train_size is not None and info.train_size // towers < batch_size * accumulate:
+        raise UsageError(
+            f"<accumulate={accumulate}>: {info.train_size // towers} samples per shard "
+            f"for {towers} towers hold {info.train_size // towers // batch_size} batches "
+            f"of {batch_size}, fewer than one step of {accumulate}; lower <accumulate> "
+            "or <batch_size>"
         )
 
 
@@ -124,7 +132,8 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
     note = ""
     named = isinstance(optimizer, str) and optimizer in core_options.OPTIMIZERS
     if learning_rate is None and named:
-        learning_rate, note = core_options.default_learning_rate(optimizer, batch_size * towers)
+        learning_rate, note = core_options.default_learning_rate(
+            optimizer, batch_size * towers * model_options.accumulate)
     data_options = data_lib.DataOptions(
         format=info.format,
         train_path=info.train_path,
@@ -144,7 +153,8 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
     )
     model_options = dataclasses.replace(
         model_options, learning_rate=model_options.learning_rate if learning_rate is None
-        else learning_rate, learning_rate_note=note, compute_dtype=compute_dtype, xla=xla)
+        else learning_rate, learning_rate_note=note, compute_dtype=compute_dtype, xla=xla,
+        metrics_top_k=model_options.top_k_for(info.num_classes))
     return RunOptions(data=data_options, model=model_options, reducer=reducer, choices=picked)
 
 
@@ -238,9 +248,10 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     outputs.check_directory("checkpoint_dir", checkpoint_dir)
     outputs.check_directory("logdir", logdir)
     batch = run.data.batch_size if run else 1
-    if steps_per_epoch is None:
+    if steps_per_epoch is None:  # a step takes `accumulate` batches per tower
+        samples = batch * towers * (run.model.accumulate if run else 1)
         steps_per_epoch = (100 if info is None or info.train_size is None
-                           else info.train_size // (batch * towers))
+                           else info.train_size // samples)
     if eval_steps is None:
         eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
                       if info is not None and info.val_size else 0)

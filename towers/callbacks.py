@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from engine.core.progress import STEP_FLAGS
 from engine.errors import UsageError
 
 __all__ = ["Callback", "EarlyStopping"]
@@ -60,7 +61,8 @@ class Callback:
           logs: `loss` and `accuracy` of this step alone (Keras gives the
             epoch's running means; the epoch's are in `on_epoch_end`), the
             `learning_rate` its update used, `grad_norm` (the reduced
-            gradients' norm before clipping, with `clip_norm`), and `step`,
+            gradients' norm before clipping, with `clip_norm`), the top-k
+            accuracy (`top5_accuracy`, with `metrics_top_k`), and `step`,
             the global step counted from 1.
         """
 
@@ -150,14 +152,14 @@ class _Watcher:
     def after_step(self, step: int, outputs: dict) -> None:
         if not self.per_step:
             return
-        logs = {key: value for key, value in outputs.items()
-                if key not in ("finite", "overflow", "block_end")}
+        logs = {key: value for key, value in outputs.items() if key not in STEP_FLAGS}
         logs["step"] = step
         for callback in self.per_step:
             _call(callback, "on_train_batch_end", (step - 1) % self.steps_per_epoch, logs)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
-        logs = {**record, **{k: record.get(v) for k, v in KERAS_NAMES.items()}}
+        logs = {**record, **{k: record.get(v) for k, v in KERAS_NAMES.items()},
+                **{f"val_{k[5:]}": v for k, v in record.items() if k.startswith("eval_top")}}
         for callback in self.callbacks:
             _call(callback, "on_epoch_end", epoch - 1, logs)
 

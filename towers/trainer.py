@@ -55,6 +55,15 @@ class Trainer:
       weight_decay: decoupled weight decay of a named optimizer (as AdamW
         and SGDW), on the weights of two or more dimensions; biases and
         normalisation scales and offsets are not decayed (the header says so).
+      metrics_top_k: also report top-k accuracy (`top5_accuracy` for 5) in
+        the progress lines, the metrics, TensorBoard and callbacks' logs; 0
+        for none. Default: 5 for data of 100 classes or more, else none.
+      accumulate: gradient accumulation: each step, every tower runs this
+        many batches of `batch_size` in turn and their mean gradient goes
+        to the one reduction and update, as one batch of
+        `accumulate * batch_size` would (BatchNorm aside: it normalises by
+        each batch's own statistics). An epoch has that many times fewer
+        steps, and the default learning rate scales with the larger batch.
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -134,6 +143,8 @@ class Trainer:
         clip_norm: float | None = None,
         label_smoothing: float = 0.0,
         weight_decay: float = 0.0,
+        metrics_top_k: int | None = None,
+        accumulate: int = 1,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -195,6 +206,7 @@ class Trainer:
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
             schedule=schedules.of(lr_schedule, warmup_epochs), clip_norm=clip_norm,
             label_smoothing=label_smoothing, weight_decay=weight_decay,
+            metrics_top_k=metrics_top_k, accumulate=accumulate,
         )
         source = data or sources.mnist()
         if image_size is not None and source.kind == "text":
@@ -220,7 +232,7 @@ class Trainer:
         self.placement, self.watchdog = session.placement, session.watchdog
         self.info = info or source.inspect(self._say)
         towers = len(self.placement.towers)
-        setup.check_data_fits(self.info, towers, batch_size)
+        setup.check_data_fits(self.info, towers, batch_size, accumulate)
         self.cluster = cluster_options
         self.options = setup.run_options(
             self.placement, self.info, source, model, model_options, reducer_options,

@@ -38,20 +38,23 @@ class HeldOut:
     def evaluate(
         self, step: TowerStep, num_steps: int, call: Callable = plain_call
     ) -> dict[str, float]:
-        totals = tf.zeros([3], tf.float32)
+        totals = 0.0
         for _ in range(num_steps):
             valid = data.valid_counts(
                 self.size, self.batch_size, self.num_towers, int(self.position.numpy())
             )
             valid = tf.constant(valid, tf.int32)
-            totals += call("eval", step.evaluate, self.iterators, valid)
+            totals += call("eval", step.evaluate, self.iterators, valid).numpy()
             self.position.assign_add(1)
-        loss, correct, samples = totals.numpy().tolist()
-        return {
+        loss, correct, samples, *top = np.asarray(totals, np.float64).tolist()
+        record = {
             "eval_loss": loss / max(samples, 1.0),
             "eval_accuracy": correct / max(samples, 1.0),
             "eval_samples": int(samples),
         }
+        if step.top_k:
+            record[f"eval_{step.top_k_name}"] = top[0] / max(samples, 1.0)
+        return record
 
 
 class Watcher(Protocol):
@@ -97,7 +100,7 @@ def run(
     `skip_nonfinite` does.
     """
     metrics_file = MetricsFile(options.metrics_path)
-    global_batch = sum(
+    global_batch = step.accumulate * sum(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
     # Sequences (token ids, [batch, T]) are counted as such, images as images.
@@ -144,6 +147,8 @@ def run(
             record["loss_scale"] = float(step.loss_scale.scale.numpy())
             record["overflows"] = int(step.loss_scale.overflows.numpy())
         record.update(eval_loss=None, eval_accuracy=None)
+        if step.top_k:
+            record[f"eval_{step.top_k_name}"] = None
         if held_out is not None and options.eval_steps:
             eval_start = time.perf_counter()
             record.update(held_out.evaluate(step, options.eval_steps, call))
@@ -163,6 +168,8 @@ def run(
                 "loss-scale overflows": overflowed or None,
                 "eval_loss": record["eval_loss"],
                 "eval_accuracy": record["eval_accuracy"],
+                **({f"eval_{step.top_k_name}": record[f"eval_{step.top_k_name}"]}
+                   if step.top_k else {}),
             },
         )
         metrics_file.write(record)
@@ -219,5 +226,7 @@ def _not_updated(step: TowerStep, not_updated: int, skipped: int) -> tuple[int, 
 
 
 def _train_values(source) -> dict[str, float]:
+    """The epoch's figures a progress line shows: loss, accuracy, top-k."""
     values = source if isinstance(source, dict) else source.metrics()
-    return {"loss": values["loss"], "accuracy": values["accuracy"]}
+    return {key: value for key, value in values.items()
+            if key in ("loss", "accuracy") or key.startswith("top")}

@@ -15,14 +15,17 @@ from engine.core.schedules import Schedule
 from engine.errors import UsageError
 from engine.userfn import label
 
-__all__ = ["COMPUTE_DTYPES", "LoopOptions", "ModelOptions", "OPTIMIZERS", "VARIABLE_MODES",
-           "default_learning_rate"]
+__all__ = ["COMPUTE_DTYPES", "LoopOptions", "ModelOptions", "OPTIMIZERS", "TOP_K_CLASSES",
+           "VARIABLE_MODES", "default_learning_rate"]
 
 # Where the variables live: one copy on the reduce device, or one per tower
 # (engine.core.variables).
 VARIABLE_MODES = ("reduce-device", "replicated")
 # What the layers compute in (engine.core.precision).
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+# From this many classes on, top-5 accuracy is reported unless asked
+# otherwise: ImageNet's 1000 classes, CIFAR-100's 100.
+TOP_K_CLASSES = 100
 
 
 def _keras_optimizer(name: str, **arguments):
@@ -149,6 +152,12 @@ class ModelOptions:
         SGDW: each update also takes rate x decay x the variable away), on
         the variables of two or more dimensions only
         (engine.core.variables.exclude_from_decay).
+      metrics_top_k: also report top-k accuracy (`top5_accuracy` for 5),
+        0 for none; None: 5 with TOP_K_CLASSES classes or more, else none
+        (`top_k_for`).
+      accumulate: micro-batches per tower per step (gradient
+        accumulation): a step's one reduction and update take the mean
+        gradient of `accumulate` batches per tower, run in turn.
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -169,6 +178,8 @@ class ModelOptions:
     clip_norm: float | None = None
     label_smoothing: float = 0.0
     weight_decay: float = 0.0
+    metrics_top_k: int | None = None
+    accumulate: int = 1
 
     def __post_init__(self):
         if not self.model_name:
@@ -208,6 +219,12 @@ class ModelOptions:
             raise UsageError(
                 "<lr_schedule> and <warmup_epochs> are for a named optimizer; give your "
                 "own optimizer its schedule (keras.optimizers.schedules) itself")
+        if self.metrics_top_k is not None and self.metrics_top_k < 0:
+            raise UsageError(f"<metrics_top_k> ({self.metrics_top_k}) must be 0 (none) or "
+                             "more (5 for top-5 accuracy)")
+        if self.accumulate < 1:
+            raise UsageError(f"<accumulate> ({self.accumulate}) must be at least 1 "
+                             "(1: no accumulation)")
         if self.variables not in VARIABLE_MODES:
             raise UsageError(
                 f"<variables> {self.variables!r} is not one of {', '.join(VARIABLE_MODES)}"
@@ -217,6 +234,21 @@ class ModelOptions:
                 f"<compute_dtype> {self.compute_dtype!r} is not one of "
                 f"{', '.join(COMPUTE_DTYPES)}"
             )
+
+    def top_k_for(self, num_classes: int) -> int:
+        """The top-k accuracy a run of `num_classes` classes reports (0: none).
+
+        Raises:
+          UsageError: a k not below the number of classes (every label
+            would be among the k largest).
+        """
+        if self.metrics_top_k is None:
+            return 5 if num_classes >= TOP_K_CLASSES else 0
+        if self.metrics_top_k and self.metrics_top_k >= num_classes:
+            raise UsageError(
+                f"<metrics_top_k> ({self.metrics_top_k}) must be below the number of "
+                f"classes ({num_classes}), or 0 for none")
+        return self.metrics_top_k
 
     @property
     def optimizer_name(self) -> str:

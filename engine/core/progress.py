@@ -7,6 +7,10 @@ import sys
 import time
 from typing import TextIO
 
+# A step's outputs that are flags, not figures: the rest (loss, accuracy,
+# learning_rate, ...) go to TensorBoard and callbacks as they are.
+STEP_FLAGS = ("finite", "overflow", "block_end")
+
 
 def format_metrics(values: dict[str, float]) -> str:
     """` - loss: 0.1234 - accuracy: 0.9650 - images/s: 12345`, None values skipped."""

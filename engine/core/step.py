@@ -33,6 +33,7 @@ class TowerResult(NamedTuple):
     correct: tf.Tensor  # number of right predictions, float32
     grads: list[tf.Tensor]
     finite: tf.Tensor  # loss and every gradient finite, bool
+    top_k_correct: tf.Tensor  # label among the k largest outputs (0 without top_k)
 
 
 class Reduced(NamedTuple):
@@ -42,6 +43,7 @@ class Reduced(NamedTuple):
     loss: tf.Tensor  # mean over towers
     correct: tf.Tensor  # total over towers
     finite: tf.Tensor  # [towers] bool
+    top_k_correct: tf.Tensor  # total over towers
 
 
 def sample_labels(labels: tf.Tensor) -> tf.Tensor:
@@ -53,11 +55,17 @@ def sample_labels(labels: tf.Tensor) -> tf.Tensor:
     return labels
 
 
-def count_correct(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-    """Per sample, 1.0 where the largest output (probability or logit) is the
-    label's; with a label per position, the fraction of positions right."""
-    predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
-    return sample_means(tf.cast(predicted == labels, tf.float32))
+def count_correct(labels: tf.Tensor, outputs: tf.Tensor, k: int = 1) -> tf.Tensor:
+    """Per sample, 1.0 where the label's output (probability or logit) is the
+    largest, or with `k` among the k largest (top-k accuracy, as Keras'
+    `SparseTopKCategoricalAccuracy`); with a label per position, the
+    fraction of positions right."""
+    if k == 1:
+        predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
+        return sample_means(tf.cast(predicted == labels, tf.float32))
+    top = tf.math.top_k(outputs, k=k, sorted=False).indices
+    hits = tf.reduce_any(top == tf.cast(labels, tf.int32)[..., tf.newaxis], axis=-1)
+    return sample_means(tf.cast(hits, tf.float32))
 
 
 def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -66,14 +74,15 @@ def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 
 def tower_gradients(
     model: keras.Model, images, labels, scale=None, loss: Loss = sparse_cross_entropy,
-    model_label: str | None = None,
+    model_label: str | None = None, top_k: int = 0,
 ) -> TowerResult:
     """Forward and backward of one tower, on the device scope it is called in.
 
     The loss is computed in float32 whatever the layers compute in. With a
     loss `scale` (a float32 scalar), the backward pass starts from the scaled
     loss and the gradients are divided by the scale again, here on the tower.
-    `loss` gives one value per sample (engine.core.losses).
+    `loss` gives one value per sample (engine.core.losses); with `top_k`,
+    the samples whose label is among the k largest outputs are counted too.
     """
     labels = sample_labels(labels)
     variables = model.trainable_variables
@@ -91,7 +100,63 @@ def tower_gradients(
     # A None gradient (a variable the loss does not use) is the reducer's to
     # report, with a message that says so.
     finite = all_finite([loss, *(g for g in grads if g is not None)])
-    return TowerResult(loss, tf.reduce_sum(count_correct(labels, outputs)), grads, finite)
+    top = (tf.reduce_sum(count_correct(labels, outputs, top_k)) if top_k
+           else tf.constant(0.0))
+    return TowerResult(loss, tf.reduce_sum(count_correct(labels, outputs)), grads, finite, top)
+
+
+def accumulated(
+    model: keras.Model, images, labels, scale=None, loss: Loss = sparse_cross_entropy,
+    model_label: str | None = None, top_k: int = 0,
+) -> TowerResult:
+    """`tower_gradients` over K micro-batches (`images` and `labels`
+    stacked [K, B, ...]) one after another, and their mean gradient.
+
+    The tower reads the weights once, then a `tf.while_loop` runs the
+    micro-batches in turn on those values (`model.stateless_call`): one
+    micro-batch's activations are alive at a time, and weights kept on
+    another device cross to the tower once per step, not once per
+    micro-batch. The model's other state (BatchNorm's moving statistics,
+    dropout's seeds) goes through the loop and is written back after it.
+    Micro-batches of one size make the mean of their losses and gradients
+    those of one batch of all K x B samples, within rounding; BatchNorm
+    aside, which normalises by each micro-batch's own statistics. A
+    gradient TensorFlow gives as slices (an embedding's) is summed dense.
+    """
+    weights = [tf.identity(v) for v in model.trainable_variables]
+    state = [tf.identity(v) for v in model.non_trainable_variables]
+
+    def body(k, state, loss_sum, correct, top, finite, sums):
+        batch_labels = sample_labels(labels[k])
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            with calling("model", model_label or model.name, "cannot train here:"):
+                outputs, state = model.stateless_call(weights, state, images[k],
+                                                      training=True)
+            outputs = tf.cast(outputs, tf.float32)
+            value = tf.reduce_mean(loss(batch_labels, outputs))
+            scaled = value if scale is None else value * scale
+        grads = tape.gradient(scaled, weights, unconnected_gradients="zero")
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        if scale is not None:
+            grads = [g / scale for g in grads]
+        hits = tf.reduce_sum(count_correct(batch_labels, outputs))
+        top_hits = (tf.reduce_sum(count_correct(batch_labels, outputs, top_k)) if top_k
+                    else tf.constant(0.0))
+        return (k + 1, list(state), loss_sum + value, correct + hits, top + top_hits,
+                tf.logical_and(finite, all_finite([value, *grads])),
+                [total + g for total, g in zip(sums, grads)])
+
+    count = tf.shape(images)[0]
+    zero = tf.constant(0.0)
+    _, state, loss_sum, correct, top, finite, sums = tf.while_loop(
+        lambda k, *_: k < count, body,
+        (tf.constant(0), state, zero, zero, zero, tf.constant(True),
+         [tf.zeros_like(w) for w in weights]))
+    for variable, value in zip(model.non_trainable_variables, state):
+        variable.assign(value)
+    share = 1.0 / tf.cast(count, tf.float32)
+    return TowerResult(loss_sum * share, correct, [g * share for g in sums], finite, top)
 
 
 class TowerStep:
@@ -121,6 +186,12 @@ class TowerStep:
       clip_norm: scale the reduced gradients so their global norm is at
         most this (after the reduction: every copy applies the same
         clipped mean); the step's `grad_norm` output is the norm before.
+      top_k: also count the samples whose label is among the k largest
+        outputs (`top_k_name`, top-5 accuracy for k=5); 0: not.
+      accumulate: micro-batches per tower per step (gradient
+        accumulation): each tower takes this many batches in turn and
+        averages their gradients (`accumulated`) before the one reduction
+        and update of the step.
       model_label, reducer_label: how messages name the model and the
         reducer when they raise.
     """
@@ -137,6 +208,8 @@ class TowerStep:
         model_label: str | None = None,
         reducer_label: str = "reducer",
         clip_norm: float | None = None,
+        top_k: int = 0,
+        accumulate: int = 1,
     ):
         self.variables = variables
         self.model = variables.model
@@ -148,9 +221,13 @@ class TowerStep:
         self.model_label = model_label or self.model.name
         self.reducer_label = reducer_label
         self.clip_norm = clip_norm
+        self.top_k = top_k
+        self.accumulate = accumulate
+
+        one_tower = accumulated if accumulate > 1 else tower_gradients
 
         def forward_backward(model, images, labels, scale):
-            return tower_gradients(model, images, labels, scale, loss, self.model_label)
+            return one_tower(model, images, labels, scale, loss, self.model_label, top_k)
 
         # With the whole step compiled, the towers are part of that program.
         self.whole_step = xla and placement.one_device
@@ -170,6 +247,7 @@ class TowerStep:
             self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             self.samples = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.top_k_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
             # Steps taken since the run began, and steps whose update was
             # skipped because a loss or gradient was not finite.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -208,11 +286,18 @@ class TowerStep:
             **({"reducer": state} if state is not None else {}),
             "global_step": self.global_step,
             "skipped": self.skipped,
-            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
+            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps,
+                           *([self.top_k_sum] if self.top_k else [])],
         }
 
+    @property
+    def top_k_name(self) -> str | None:
+        """The top-k accuracy's name in outputs and records (`top5_accuracy`),
+        or None without `top_k`."""
+        return f"top{self.top_k}_accuracy" if self.top_k else None
+
     def reset_metrics(self) -> None:
-        for var in (self.loss_sum, self.correct_sum, self.samples):
+        for var in (self.loss_sum, self.correct_sum, self.samples, self.top_k_sum):
             var.assign(0.0)
         self.steps.assign(0)
 
@@ -223,12 +308,17 @@ class TowerStep:
         an overflow of the loss scale) loss and accuracy are None, not 0.
         """
         steps = int(self.steps.numpy())
+        top = {self.top_k_name: None} if self.top_k else {}
         if not steps:
-            return {"steps": 0, "loss": None, "accuracy": None}
+            return {"steps": 0, "loss": None, "accuracy": None, **top}
+        samples = float(self.samples.numpy())
+        if self.top_k:
+            top[self.top_k_name] = float(self.top_k_sum.numpy()) / samples
         return {
             "steps": steps,
             "loss": float(self.loss_sum.numpy()) / steps,
-            "accuracy": float(self.correct_sum.numpy()) / float(self.samples.numpy()),
+            "accuracy": float(self.correct_sum.numpy()) / samples,
+            **top,
         }
 
     def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]) -> Reduced:
@@ -260,21 +350,33 @@ class TowerStep:
                 mean([r.loss for r in results]),
                 tf.add_n([r.correct for r in results]),
                 tf.stack([r.finite for r in results]),
+                tf.add_n([r.top_k_correct for r in results]),
             )
 
-    def _next_batches(self, iterators):
+    def _next_batches(self, iterators, count: int = 1):
+        """Each tower's next batch, or its next `count` stacked ([count, B, ...])."""
         batches = []
         for tower, iterator in zip(self.placement.towers, iterators):
             with tf.device(tower.device), tf.name_scope(scopes.input_scope(tower.index)):
-                batches.append(next(iterator))
+                if count == 1:
+                    batches.append(next(iterator))
+                    continue
+                micro = [next(iterator) for _ in range(count)]
+                batches.append(tuple(tf.stack(part) for part in zip(*micro)))
         return batches
+
+    def _samples(self, images) -> tf.Tensor:
+        """How many samples a tower's step input holds (micro-batches too)."""
+        shape = tf.shape(images, tf.int64)
+        return shape[0] * shape[1] if self.accumulate > 1 else shape[0]
 
     def _train(self, iterators, allowed=True):
         """One step; the update and the metric sums are skipped when any tower's
         loss or gradient is not finite, so a bad batch never reaches the
         variables. With a dynamic loss scale, a step whose gradients overflowed
         only because of the scale lowers it and is marked `overflow`."""
-        return self._update_on(self._next_batches(iterators), tf.convert_to_tensor(allowed))
+        return self._update_on(self._next_batches(iterators, self.accumulate),
+                               tf.convert_to_tensor(allowed))
 
     def _update_on_batches(self, batches, allowed):
         """`_train` after the input: one compiled program with `whole_step`.
@@ -287,7 +389,7 @@ class TowerStep:
         """
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
-            samples = tf.add_n([tf.shape(images, tf.int64)[0] for images, _ in batches])
+            samples = tf.add_n([self._samples(images) for images, _ in batches])
             samples = tf.cast(samples, tf.float64)
             finite = tf.reduce_all(step.finite)
             # The mean loss is finite exactly when every tower's loss is.
@@ -305,6 +407,10 @@ class TowerStep:
             self.correct_sum.assign_add(
                 tf.where(updates, tf.cast(step.correct, tf.float64), zero))
             self.samples.assign_add(tf.where(updates, samples, zero))
+            if self.top_k:
+                self.top_k_sum.assign_add(
+                    tf.where(updates, tf.cast(step.top_k_correct, tf.float64), zero))
+                extra[self.top_k_name] = tf.cast(step.top_k_correct, tf.float64) / samples
             self.steps.assign_add(tf.cast(updates, tf.int64))
             # An overflow of the loss scale is routine, not a skipped step.
             skipped = tf.logical_and(allowed, tf.logical_not(finite | overflow))
@@ -340,7 +446,11 @@ class TowerStep:
         """The per-step outputs of `train` and their dtypes (`finite` per tower)."""
         dtypes = {"loss": tf.float32, "accuracy": tf.float64, "finite": tf.bool,
                   "overflow": tf.bool, "learning_rate": tf.float32}
-        return {**dtypes, **({"grad_norm": tf.float32} if self.clip_norm else {})}
+        if self.clip_norm:
+            dtypes["grad_norm"] = tf.float32
+        if self.top_k:
+            dtypes[self.top_k_name] = tf.float64
+        return dtypes
 
     def _apply(self, updates: tf.Tensor, grads) -> None:
         """The variable mode's update where `updates` is true.
@@ -392,7 +502,8 @@ class TowerStep:
         return {key: stack.stack() for key, stack in stacks.items()}
 
     def _evaluate(self, iterators, valid):
-        """Loss sum, correct count and sample count over the real samples.
+        """Loss sum, correct count and sample count over the real samples
+        (and, with `top_k`, the top-k count).
 
         `valid[k]` is how many of tower k's samples are real; the rest are the
         padding DALI adds to the shard's last batch.
@@ -410,6 +521,10 @@ class TowerStep:
                 real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
                 loss = tf.reduce_sum(self.loss(labels, outputs) * real)
                 correct = tf.reduce_sum(count_correct(labels, outputs) * real)
-                sums.append(tf.stack([loss, correct, tf.reduce_sum(real)]))
+                counts = [loss, correct, tf.reduce_sum(real)]
+                if self.top_k:
+                    counts.append(tf.reduce_sum(count_correct(labels, outputs, self.top_k)
+                                                * real))
+                sums.append(tf.stack(counts))
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             return tf.add_n(sums)

@@ -306,6 +306,8 @@ class RunInfo:
     parameter_bytes: int
     batch_size: int
     model: str
+    # Batches per tower per step (gradient accumulation).
+    accumulate: int = 1
     reducer: str = "central"
     variables: str = "reduce-device"
     compress: str | None = None

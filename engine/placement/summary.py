@@ -46,6 +46,19 @@ def _against_dense_ring(info: dict) -> str:
     return f"{note}; {100.0 * own / dense:.1f}% of a dense ring's {dense:,}{less}"
 
 
+def _per_sample(total: int, info: dict) -> str:
+    """`  per sample: 3,180 bytes (256 samples per step: 2 towers x 4 batches of 32)`:
+    what a reducer costs per sample trained on, which gradient accumulation
+    lowers (a step's one reduction serves its K batches)."""
+    towers, batch = len(info["towers"]), info["batch_size"]
+    accumulate = info.get("accumulate", 1)
+    samples = towers * batch * accumulate
+    batches = (f"{accumulate} accumulated batches of {batch}" if accumulate > 1
+               else f"a batch of {batch}")
+    return (f"  per sample: {total / samples:,.0f} bytes ({samples:,} samples per step: "
+            f"{towers} tower{'s' * (towers > 1)} x {batches})")
+
+
 def _owner_label(owner) -> str:
     return f"tower {owner}" if isinstance(owner, int) else owner
 
@@ -116,6 +129,8 @@ def summary(entries: Sequence[dict]) -> str:
             f"{info['parameter_bytes']:,})"
             + (f"; {unknown} transfer(s) of unknown size" if unknown else "")
         )
+        if step == "train":
+            lines.append(_per_sample(total, info))
         between = by_task(moved)
         if between:
             pairs = ", ".join(f"{a} -> {b} {n:,}" for (a, b), n in sorted(between.items()))

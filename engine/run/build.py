@@ -77,6 +77,8 @@ def build(
         model_label=model_options.model_name,
         clip_norm=model_options.clip_norm,
         reducer_label=reducer_options.label,
+        top_k=model_options.top_k_for(data_options.num_classes),
+        accumulate=model_options.accumulate,
     )
     check_outputs(step.model, data_options, model_options, step.variables.destinations[0])
     train_iterators = tower_iterators(data_options, placement, training=True)

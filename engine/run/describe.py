@@ -31,9 +31,12 @@ def describe(
     n = len(placement.towers)
     batch = options.data.batch_size
     params, _ = count_parameters(model)
+    accumulate = options.model.accumulate
+    per_tower = (f"batch {batch} per tower" if accumulate == 1 else
+                 f"{accumulate} batches of {batch} per tower, run in turn (accumulated)")
     lines = [
-        f"{n} tower{'s' * (n > 1)}, batch {batch} per "
-        f"tower ({batch * n} per step), model {model.name} ({params:,} parameters)"
+        f"{n} tower{'s' * (n > 1)}, {per_tower} ({batch * n * accumulate} per step), "
+        f"model {model.name} ({params:,} parameters)"
     ]
     for tower in placement.towers:
         on = "GPU" if tower.gpu_index is not None else "CPU"
@@ -74,6 +77,8 @@ def describe(
         lr += f"; labels smoothed by {model_options.label_smoothing:g}"
     if model_options.clip_norm:
         lr += f"; gradients clipped to global norm {model_options.clip_norm:g} after the mean"
+    if model_options.metrics_top_k:
+        lr += f"; top-{model_options.metrics_top_k} accuracy reported"
     how = "" if reducer.name == "central" else f"{label(reducer.name)} "
     extras = [
         f"packed in {reducer.pack_bytes:,}-byte buffers" if reducer.pack_bytes else "",
@@ -189,6 +194,7 @@ def run_info(placement: Placement, options: TrainOptions, model: keras.Model,
         parameters=parameters,
         parameter_bytes=parameter_bytes,
         batch_size=options.data.batch_size,
+        accumulate=options.model.accumulate,
         model=model.name,
         reducer=label(options.reducer.name),
         variables=options.model.variables,

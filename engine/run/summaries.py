@@ -1,12 +1,13 @@
 """TensorBoard scalars for long runs, and a profiler trace of chosen steps.
 
 Every step: `train/loss`, `train/accuracy`, `train/learning_rate` (the rate
-its update used), with `clip_norm` `train/grad_norm` (before clipping), and
+its update used), with `clip_norm` `train/grad_norm` (before clipping), with
+`metrics_top_k` `train/top5_accuracy` (for k=5), and
 `train/step_seconds` (wall time between steps, all towers together; with
-`steps_per_loop` K, each step of a loop gets the loop's mean). Every epoch: `epoch/loss`
-and `epoch/accuracy` (unless no step of it updated), `epoch/images_per_sec`,
-`epoch/skipped` and, with
-evaluation, `eval/loss` and `eval/accuracy`. Per-tower timing is not taken
+`steps_per_loop` K, each step of a loop gets the loop's mean). Every epoch: `epoch/loss`,
+`epoch/accuracy` and `epoch/top5_accuracy` (unless no step of it updated),
+`epoch/images_per_sec`, `epoch/skipped` and, with evaluation, `eval/loss`,
+`eval/accuracy` and `eval/top5_accuracy`. Per-tower timing is not taken
 in the step itself (a timestamp op is stateful, and tf.function would order
 the towers' timestamps one after another, serialising the towers); the
 profiler trace of `profile_steps` (A, B) shows each device's timeline
@@ -18,6 +19,8 @@ from __future__ import annotations
 import time
 
 import tensorflow as tf
+
+from engine.core.progress import STEP_FLAGS
 
 
 class Summaries:
@@ -47,11 +50,9 @@ class Summaries:
         seconds = (now - self._last) / len(self._block)
         for number, values in self._block:
             with self.writer.as_default(step=number):
-                tf.summary.scalar("train/loss", values["loss"])
-                tf.summary.scalar("train/accuracy", values["accuracy"])
-                tf.summary.scalar("train/learning_rate", values["learning_rate"])
-                if "grad_norm" in values:
-                    tf.summary.scalar("train/grad_norm", values["grad_norm"])
+                for key, value in values.items():
+                    if key not in STEP_FLAGS:
+                        tf.summary.scalar(f"train/{key}", value)
                 tf.summary.scalar("train/step_seconds", seconds)
         self._block = []
         if self.profile:
@@ -69,12 +70,14 @@ class Summaries:
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         with self.writer.as_default(step=step):
-            for key in ("loss", "accuracy", "images_per_sec", "skipped"):
-                if record[key] is not None:  # None: no step of the epoch updated
-                    tf.summary.scalar(f"epoch/{key}", record[key])
-            if record.get("eval_loss") is not None:
-                tf.summary.scalar("eval/loss", record["eval_loss"])
-                tf.summary.scalar("eval/accuracy", record["eval_accuracy"])
+            for key, value in record.items():
+                if value is None:  # no step of the epoch updated, or no evaluation
+                    continue
+                if key in ("loss", "accuracy", "images_per_sec", "skipped") or (
+                        key.startswith("top")):
+                    tf.summary.scalar(f"epoch/{key}", value)
+                elif key in ("eval_loss", "eval_accuracy") or key.startswith("eval_top"):
+                    tf.summary.scalar(f"eval/{key.removeprefix('eval_')}", value)
         self.writer.flush()
 
     def close(self) -> None:

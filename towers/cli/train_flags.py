@@ -27,8 +27,8 @@ SECTIONS = {
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
                        "warmup_epochs", "clip_norm", "label_smoothing",
                        "weight_decay", "seed"],
-    "Training": ["batch_size", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
-                 "skip_nonfinite", "deterministic", "metrics", "save_model"],
+    "Training": ["batch_size", "accumulate", "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps",
+                 "skip_nonfinite", "deterministic", "metrics", "metrics_top_k", "save_model"],
     "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
                   "check_reducer", "check_replicas"],
     "Precision and speed": ["xla", "mixed_precision"],
@@ -147,6 +147,15 @@ _OPTIONS = [
         type=int,
         help="Samples per tower per step.",
     ),
+    click.option(
+        "--accumulate",
+        default=1,
+        show_default=True,
+        type=int,
+        help="Gradient accumulation: batches per tower per step, run in turn; their "
+        "mean gradient goes to one reduction and update, as one batch of "
+        "K x --batch-size would (BatchNorm aside).",
+    ),
     click.option("--epochs", default=5, show_default=True, type=int,
                  help="Epochs to train in all (a resumed run trains up to this many)."),
     click.option(
@@ -234,6 +243,13 @@ _OPTIONS = [
         "metrics",
         default=None,
         help="Append one JSON line per epoch to this file.",
+    ),
+    click.option(
+        "--metrics-top-k",
+        default=None,
+        type=int,
+        help="Also report top-K accuracy (top5_accuracy for 5); 0 for none. "
+        "Default: 5 for data of 100 classes or more.",
     ),
     click.option(
         "--reducer",
