@@ -12,9 +12,9 @@ import pytest
 from conftest import flag_message
 
 import towers
-from towers import _setup
 from engine.errors import UsageError
 from engine.placement import summary as summary_lib
+from towers import _setup
 
 
 def one_sgd_step(batch_size, accumulate, variables="reduce-device", model="lenet"):
