@@ -223,7 +223,8 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
                 steps_per_epoch, steps_per_loop, eval_steps, metrics, checkpoint_dir,
                 checkpoint_every, keep_checkpoints, resume, placement_log, strict_placement,
                 logdir, profile_steps, skip_nonfinite, check_replicas,
-                max_transfer_bytes=None, run: RunOptions | None = None, gpus: bool = False):
+                max_transfer_bytes=None, keep_best=None, run: RunOptions | None = None,
+                gpus: bool = False):
     """Everything `fit` runs with, its default epoch and evaluation lengths
     from the data (`info`; None: stand-ins, to check the arguments alone),
     and `steps_per_loop=None` chosen for GPU towers (`gpus`) or CPU ones.
@@ -255,6 +256,11 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     if eval_steps is None:
         eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
                       if info is not None and info.val_size else 0)
+    if keep_best is not None and "eval" in keep_best.replace("val_", "eval_") and (
+            info is not None and not eval_steps):
+        raise UsageError(f"<keep_best={keep_best}> is a held-out figure, and this run "
+                         "evaluates on none; add held-out data or <eval_steps>, or keep the "
+                         "best by <keep_best=loss>")
     picked = run.choices if run else ()
     schedule = getattr(run.model, "schedule", None) if run else None
     if hasattr(schedule, "check_length"):
@@ -276,6 +282,7 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
         checkpoints=CheckpointOptions(
             directory=checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints,
             resume=resume, io_device=cluster.local_cpu if cluster else None,
+            keep_best=keep_best,
         ),
         skip_nonfinite=skip_nonfinite,
         logdir=logdir,

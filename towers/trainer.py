@@ -12,6 +12,7 @@ from typing import TextIO
 
 from engine import errors
 from engine.errors import UsageError
+from engine.run import weights
 from engine.topology import devices as devs
 from towers import data as sources
 from towers import models
@@ -64,6 +65,10 @@ class Trainer:
         `accumulate * batch_size` would (BatchNorm aside: it normalises by
         each batch's own statistics). An epoch has that many times fewer
         steps, and the default learning rate scales with the larger batch.
+      init_weights: start from these weights instead of new ones: a `.keras`
+        file (`save`, `--save-model`) or a checkpoint of this engine (a
+        `checkpoint_dir`, its newest, or one `ckpt-N` in it) of the same
+        model; the optimizer starts afresh. A resumed run's checkpoint wins.
       loss: None (cross-entropy of softmax outputs), a `keras.losses.Loss`
         such as `SparseCategoricalCrossentropy(from_logits=True)`, or a
         function of (labels, outputs) giving one value per sample.
@@ -145,6 +150,7 @@ class Trainer:
         weight_decay: float = 0.0,
         metrics_top_k: int | None = None,
         accumulate: int = 1,
+        init_weights: str | None = None,
         loss=None,
         from_logits: bool = False,
         data: sources.Source | None = None,
@@ -179,6 +185,9 @@ class Trainer:
         from towers import _setup as setup
 
         self.stream = stream or sys.stdout
+        self.init_weights = init_weights
+        if init_weights is not None:
+            weights.check_path(init_weights)
         self.resume_hint = resume_hint
         self.check_reducer = check_reducer
         self.stop_training = False
@@ -286,6 +295,7 @@ class Trainer:
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 0,
         keep_checkpoints: int = 3,
+        keep_best: str | None = None,
         resume: bool = False,
         placement_log: str | None = None,
         strict_placement: bool = False,
@@ -319,6 +329,11 @@ class Trainer:
             `checkpoint_every` steps) here.
           checkpoint_every: also save every this many steps.
           keep_checkpoints: keep the newest this many.
+          keep_best: also keep the checkpoint of the epoch with the best
+            value of this figure (`eval_accuracy`, `eval_loss`,
+            `eval_top5_accuracy`, `accuracy`, `loss`; Keras' `val_accuracy`
+            and `val_loss` too) in `checkpoint_dir`/best, with best.json
+            saying which epoch it is; `save(path, best=True)` writes its model.
           resume: go on from the newest good checkpoint in checkpoint_dir.
           placement_log: write where every op of the first train and eval
             steps ran, and what crossed devices, to this JSON Lines file.
@@ -373,7 +388,8 @@ class Trainer:
             eval_steps=eval_steps, metrics=metrics, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             resume=resume, placement_log=placement_log, strict_placement=strict_placement,
-            max_transfer_bytes=max_transfer_bytes, logdir=logdir, profile_steps=profile_steps,
+            max_transfer_bytes=max_transfer_bytes, keep_best=keep_best, logdir=logdir,
+            profile_steps=profile_steps,
             skip_nonfinite=skip_nonfinite, check_replicas=check_replicas,
             gpus=choices.gpu_towers(self.placement),
         )
@@ -396,7 +412,7 @@ class Trainer:
         watcher.end(history)
         return history
 
-    def save(self, path: str) -> str:
+    def save(self, path: str, best: bool = False) -> str:
         """Writes the trained model where a user can load it without this
         package: `path` ending in `.keras` is a Keras model file
         (`keras.models.load_model(path)`; the zoo's models need nothing
@@ -405,22 +421,45 @@ class Trainer:
         (`tf.saved_model.load(path).serve(images)`, or
         `keras.layers.TFSMLayer(path)`).
 
+        Args:
+          path: where to write.
+          best: write the weights of the best checkpoint that `fit(...,
+            keep_best=)` kept, not the latest; the trainer's own weights
+            stay as they are.
+
         Returns:
           `path`.
 
         Raises:
-          UsageError: nothing trained yet, or a path that cannot be written.
+          UsageError: nothing trained yet, no best checkpoint kept, or a
+            path that cannot be written.
         """
         from engine.run import outputs
+        from engine.run.watchers import read_best
 
         if self.built is None:
             raise UsageError("<save_model>: nothing is trained yet; call fit first")
         if path.endswith(".keras"):
             outputs.check_file("save_model", path)
-            self.model.save(path)
         else:
             outputs.check_directory("save_model", path)
-            self.model.export(path, verbose=False)
+        kept = read_best(self.checkpoint_dir) if best and self.checkpoint_dir else None
+        if best and kept is None:
+            raise UsageError("<best=True>: no best checkpoint was kept; fit with "
+                             "<checkpoint_dir> and <keep_best> first")
+        latest = [v.numpy() for v in self.model.variables] if best else None
+        if best:
+            weights.load_into([self.model], weights.checkpoint_values(kept["path"]),
+                              kept["path"], self.options.model.model_name)
+        try:
+            if path.endswith(".keras"):
+                self.model.save(path)
+            else:
+                self.model.export(path, verbose=False)
+        finally:
+            if latest is not None:
+                for variable, value in zip(self.model.variables, latest):
+                    variable.assign(value)
         return path
 
     def evaluate(self, steps: int | None = None) -> dict[str, float]:
@@ -460,6 +499,13 @@ class Trainer:
         self.built = guard("building the towers", build_lib.build, self.placement,
                             options.data, options.model, options.reducer, self.info.val_size)
         self._checkpointing = options.data.checkpointing
+        if self.init_weights is not None:
+            variables = self.built.step.variables
+            models = list({id(m): m for m in (variables.model_for(t.index)
+                                                for t in self.placement.towers)}.values())
+            count = weights.load_into(models, weights.saved_values(self.init_weights),
+                                      self.init_weights, options.model.model_name)
+            self._say(f"initial weights: {self.init_weights} ({count} variables)")
         if self.check_reducer:
             setup.check_reducer(self.built.step, self.placement, options.reducer.compress)
 

@@ -9,6 +9,7 @@ imports TensorFlow, so a run's arguments are checked before it starts.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING
 
 from engine.errors import UsageError
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from engine.reducers.options import ReducerOptions
 
 __all__ = ["CheckpointOptions", "PlacementOptions", "TrainOptions"]
+
+
+# Keras' names of the held-out figures, and the record's.
+KERAS_NAMES = {"val_loss": "eval_loss", "val_accuracy": "eval_accuracy"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +38,11 @@ class CheckpointOptions:
       io_device: the device whose host reads and writes the files; with
         towers on other tasks, this process's CPU, so that the checkpoint
         lands on this machine and not in pieces on every worker.
+      keep_best: also keep, in `directory`/best, the checkpoint of the
+        epoch with the best value of this figure of the epoch's record
+        (`eval_accuracy`, `eval_loss`, `eval_top5_accuracy`, `accuracy`,
+        `loss`; Keras' `val_accuracy` and `val_loss` too): the largest
+        for an accuracy, the smallest for a loss.
     """
 
     directory: str | None = None
@@ -40,15 +50,24 @@ class CheckpointOptions:
     keep: int = 3
     resume: bool = False
     io_device: str | None = None
+    keep_best: str | None = None
 
     def __post_init__(self):
         if self.every < 0:
             raise UsageError(f"<checkpoint_every> ({self.every}) must be 0 or more")
         if self.keep < 1:
             raise UsageError(f"<keep_checkpoints> ({self.keep}) must be at least 1")
-        if self.directory is None and (self.resume or self.every):
-            flag = "<resume>" if self.resume else "<checkpoint_every>"
+        if self.directory is None and (self.resume or self.every or self.keep_best):
+            flag = ("<resume>" if self.resume else "<checkpoint_every>" if self.every
+                    else "<keep_best>")
             raise UsageError(f"{flag} needs <checkpoint_dir=DIR>")
+        if self.keep_best is not None:
+            metric = KERAS_NAMES.get(self.keep_best, self.keep_best)
+            if not re.fullmatch(r"(eval_)?(loss|accuracy|top\d+_accuracy)", metric):
+                raise UsageError(
+                    f"<keep_best> {self.keep_best!r} is not a figure of the epoch's "
+                    "record: eval_accuracy, eval_loss, eval_top5_accuracy, accuracy or loss")
+            object.__setattr__(self, "keep_best", metric)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

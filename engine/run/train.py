@@ -31,6 +31,7 @@ from engine.run.signals import GracefulStop, StopRequested
 from engine.run.summaries import Summaries
 from engine.run.watchdog import Watchdog
 from engine.run.watchers import (
+    BestCheckpoint,
     CheckpointWatcher,
     SignalWatcher,
     replay_gpu_readers,
@@ -118,6 +119,10 @@ def train(
     if options.checkpoints.directory:
         saver = _checkpoints(placement, options, built, signature, voice, guard)
         run_watchers.append(saver)
+        if options.checkpoints.keep_best:
+            run_watchers.append(BestCheckpoint(
+                saver.checkpoints.checkpoint, options.checkpoints.directory,
+                options.checkpoints.keep_best, voice.say, saver.checkpoints.io, guard))
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
     log = _placement_log(placement, options, built)

@@ -3,6 +3,9 @@ signals, and the replay that puts GPU readers back after a restore."""
 
 from __future__ import annotations
 
+import json
+import os
+
 from engine import data
 from engine.core.options import LoopOptions
 from engine.run.build import BuiltRun
@@ -43,6 +46,58 @@ class CheckpointWatcher:
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         self.say(f"checkpoint: {self.save(step)}")
+
+
+class BestCheckpoint:
+    """Keeps the checkpoint of the epoch with the best `metric` in
+    `directory`/best (one checkpoint, the run's whole state, as the
+    latest ones), and what it holds in `directory`/best/best.json: the
+    metric, its value, the epoch and the step. A resumed run goes on
+    from the best value it had."""
+
+    def __init__(self, checkpoint, directory: str, metric: str, say, io=None, guard=None):
+        import tensorflow as tf
+
+        self.metric = metric
+        self.say = say
+        self.io = io
+        self.guard = guard or unguarded
+        self.directory = os.path.join(directory, "best")
+        self.manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep=1)
+        # +1: larger is better (accuracies), -1: smaller (losses).
+        self.sign = 1.0 if metric.endswith("accuracy") else -1.0
+        self.best = read_best(directory)
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        pass
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        value = record.get(self.metric)
+        if value is None:  # no step updated, or no evaluation this epoch
+            return
+        if self.best is not None and self.best["metric"] == self.metric and not (
+                self.sign * (value - self.best["value"]) > 0):
+            return
+        path = self.guard("saving the best checkpoint", lambda: self.manager.save(
+            checkpoint_number=step, options=self.io))
+        self.best = {"metric": self.metric, "value": value, "epoch": epoch, "step": step,
+                     "path": path}
+        with open(os.path.join(self.directory, BEST_FILE), "w") as out:
+            json.dump(self.best, out)
+            out.write("\n")
+        self.say(f"best: {self.metric} {value:.4f} at epoch {epoch}: {path}")
+
+
+BEST_FILE = "best.json"
+
+
+def read_best(directory: str) -> dict | None:
+    """What `directory`/best holds (BestCheckpoint), or None."""
+    path = os.path.join(directory, "best", BEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as saved:
+        return json.load(saved)
 
 
 class SignalWatcher:

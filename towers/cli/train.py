@@ -47,7 +47,10 @@ def tower_train(**flags):
         trainer = _trainer(arguments)
         _fit(trainer, fit_arguments)
         if save_model:
-            click.echo(f"tower-train: model saved: {trainer.save(save_model)}")
+            best = fit_arguments["keep_best"] is not None
+            saved = trainer.save(save_model, best=best)
+            click.echo(f"tower-train: model saved: {saved}"
+                       + (f" (the best epoch's by {fit_arguments['keep_best']})" if best else ""))
     except TowerError as err:
         _report(err, debug)
 
@@ -126,7 +129,8 @@ def data_source(flags: dict):
 
 FIT_FLAGS = (
     "epochs", "steps_per_epoch", "steps_per_loop", "eval_steps", "metrics",
-    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume", "placement_log",
+    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "keep_best", "resume",
+    "placement_log",
     "strict_placement", "max_transfer_bytes", "logdir", "profile_steps", "skip_nonfinite",
     "check_replicas",
 )

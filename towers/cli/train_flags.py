@@ -26,14 +26,15 @@ SECTIONS = {
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
                        "warmup_epochs", "clip_norm", "label_smoothing",
-                       "weight_decay", "seed"],
+                       "weight_decay", "init_weights", "seed"],
     "Training": ["batch_size", "accumulate", "epochs", "steps_per_epoch", "steps_per_loop",
                  "eval_steps", "skip_nonfinite", "deterministic", "metrics", "metrics_top_k",
                  "save_model"],
     "Reduction": ["reducer", "variables", "group_size", "pack_bytes", "compress", "topology",
                   "check_reducer", "check_replicas"],
     "Precision and speed": ["xla", "mixed_precision"],
-    "Checkpoints": ["checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume"],
+    "Checkpoints": ["checkpoint_dir", "checkpoint_every", "keep_checkpoints", "keep_best",
+                    "resume"],
     "Placement log and profiling": ["placement_log", "strict_placement",
                                     "max_transfer_bytes", "log_device_placement", "logdir",
                                     "profile_steps"],
@@ -237,6 +238,14 @@ _OPTIONS = [
         help="Decoupled weight decay (as AdamW, SGDW) on the weights of two or more "
         "dimensions; none on biases and normalisation scales and offsets.",
     ),
+    click.option(
+        "--init-weights",
+        default=None,
+        metavar="PATH",
+        help="Start from these weights: a .keras file (--save-model) or a checkpoint "
+        "(a --checkpoint-dir, or its ckpt-N) of the same model; the optimizer starts "
+        "afresh.",
+    ),
     click.option("--seed", default=0, show_default=True, type=int,
                  help="Seeds model initialisation, dropout and DALI's shuffling."),
     click.option(
@@ -333,6 +342,14 @@ _OPTIONS = [
         show_default=True,
         type=int,
         help="Keep the newest M checkpoints.",
+    ),
+    click.option(
+        "--keep-best",
+        default=None,
+        metavar="METRIC",
+        help="Also keep the checkpoint of the epoch with the best METRIC "
+        "(eval_accuracy, eval_loss, eval_top5_accuracy, accuracy, loss) in "
+        "--checkpoint-dir/best; --save-model then writes that epoch's model.",
     ),
     click.option(
         "--resume",
