@@ -100,6 +100,7 @@ CHECKS = {
         "step 25: learning rate 0.0146", "step 30: learning rate 0.0000"]
         and float(out.splitlines()[6].split()[-1]) >= 0.7,
     "compare.py": lambda out, cwd: compared(out, cwd),
+    "recipe.py": lambda out, cwd: recipe_ran(out, cwd),
     "placement_budget.py": lambda out, cwd: (
         out.startswith("placement of the train step (")
         and out.splitlines()[-1].startswith("['all devices: 814,")
@@ -114,6 +115,19 @@ CHECKS = {
         "tree      16777216   1.719 ms busbw 17.08 GB/s",
     ],
 }
+
+
+def recipe_ran(out: str, cwd: str) -> bool:
+    """Three epochs learning, and the saved best one's held-out accuracy is
+    the best epoch's."""
+    epochs = re.findall(r"^epoch (\d): eval_accuracy ([0-9.]+), eval_top5_accuracy ([0-9.]+)$",
+                        out, re.M)
+    best = re.search(r"^best\.keras: eval_accuracy ([0-9.]+)$", out, re.M)
+    accuracies = [float(a) for _, a, _ in epochs]
+    return (len(epochs) == 3 and best is not None and max(accuracies) >= 0.8
+            and float(best[1]) == max(accuracies)
+            and all(float(top) >= float(a) for _, a, top in epochs)
+            and os.path.exists(os.path.join(cwd, "recipe", "best", "best.json")))
 
 
 def compared(out: str, cwd: str) -> bool:
