@@ -102,6 +102,9 @@ class ReducerOptions:
     pack_bytes: int = 0
     compress: str | None = None
     topology: object = None
+    # How messages and studies name it, where its own label is shared (two
+    # objects of one class); empty: its own label.
+    display: str = ""
     # The user's function, loaded from `name`; None for a built-in.
     function: Callable | None = dataclasses.field(default=None, init=False, repr=False,
                                                   compare=False)
@@ -172,8 +175,9 @@ class ReducerOptions:
 
     @property
     def label(self) -> str:
-        """How messages name the reducer: its name, spec or function's label."""
-        return label(self.name)
+        """How messages name the reducer: its name, spec or function's label
+        (or `display`, where that is given)."""
+        return self.display or label(self.name)
 
 
 def _is_stateful_class(cls) -> bool:

@@ -110,6 +110,30 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", label)
 
 
+def _distinct(options: list) -> list:
+    """Reducer objects or functions that share a label (two objects of one
+    class) get their own: their repr where it tells them apart
+    (`TopK(ratio=0.1)`), else the label and a number (`TopK #2`). The same
+    spec twice stays a mistake to refuse."""
+    labels = [o.label for o in options]
+    shared = {x for x in labels if labels.count(x) > 1}
+    group = {x: [o for o in options if o.label == x and not isinstance(o.name, str)]
+             for x in shared}
+    named = []
+    for option in options:
+        own = group.get(option.label, [])
+        place = next((k for k, o in enumerate(own) if o is option), None)
+        if place is None or len(own) < 2:
+            named.append(option)
+            continue
+        reprs = [repr(o.name) for o in own]
+        display = (repr(option.name) if len(set(reprs)) == len(reprs)
+                   and all(len(r) <= 60 and " object at 0x" not in r for r in reprs)
+                   else f"{option.label} #{place + 1}")
+        named.append(dataclasses.replace(option, display=display))
+    return named
+
+
 def _check_reducers(reducers: Sequence[str | Callable]) -> list:
     """The reducers' options, the exact-mean baseline first; every bad spec
     named in one UsageError before anything runs."""
@@ -126,6 +150,7 @@ def _check_reducers(reducers: Sequence[str | Callable]) -> list:
             bad.append(err.message)
     if bad:
         raise UsageError("; ".join(bad))
+    options = _distinct(options)
     labels = [o.label for o in options]
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
@@ -330,6 +355,12 @@ def compare(
     plan = [(seed, o, Trainer(reducer=o.name, seed=seed, deterministic=True, stream=stream,
                               **trainer))
             for seed in range(seeds) for o in options]
+    info = plan[0][2].info
+    if not info.val_size:
+        where = info.train_path or f"{info.format} data"
+        raise UsageError(
+            f"<data>: {where} has no held-out split, and a study compares held-out "
+            "accuracy; give data with one (a val/ folder beside train/, or MNIST)")
     towers_here = len(plan[0][2].placement.towers)
     if towers_here < 2:
         raise UsageError(f"<devices>: a study compares reductions between towers, and "
