@@ -365,7 +365,9 @@ class Trainer:
           One record per epoch trained here: loss, accuracy, eval_loss,
           eval_accuracy, images_per_sec, ... (loss and accuracy None for an
           epoch none of whose steps updated: all skipped or loss-scale
-          overflows).
+          overflows). The first epoch of a `fit` times its images/s from its
+          second step on: the first traces the step and, after a resume,
+          waits for the readers to be restored (`seconds` counts it).
 
         Raises:
           UsageError: a bad argument, naming it; nothing has been written.

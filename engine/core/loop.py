@@ -107,6 +107,8 @@ def run(
     rate = "sequences/s" if train_iterators[0].element_spec[0].shape.rank == 2 else "images/s"
     per_epoch = options.steps_per_epoch
     done = started = int(step.global_step.numpy())
+    if started:  # resumed: the epoch it resumes in, and any after, are written anew
+        metrics_file.resume_at(started // per_epoch + 1)
     history = []
     for epoch in range(done // per_epoch + 1, options.epochs + 1):
         progress.start(epoch, options.epochs)
@@ -115,11 +117,16 @@ def run(
             step.reset_metrics()  # a resumed epoch keeps the sums it restored
         skipped_before = int(step.skipped.numpy())
         start = time.perf_counter()
+        # The rate is timed from `timed`, the first step it counts: after the
+        # run's first call, which traces the step and (after a restore)
+        # waits for the readers, where the epoch has steps after it.
+        clock, timed = start, first
         k, learning_rate = first, None
         while k <= per_epoch:
             # The run's first step goes alone: it traces the step, and a
             # placement log captures that single step.
-            left = 1 if done == started else per_epoch - k + 1
+            opening = done == started
+            left = 1 if opening else per_epoch - k + 1
             steps = _train_steps(step, train_iterators, call, options, done, left,
                                  halt_on_nonfinite)
             for outputs in steps:
@@ -128,18 +135,22 @@ def run(
                 learning_rate = outputs["learning_rate"]
                 for watcher in watchers:
                     watcher.after_step(done, outputs)
+            if opening and k <= per_epoch:
+                clock, timed = time.perf_counter(), k
             if options.check_replicas and done % options.check_replicas == 0:
                 step.variables.check(options.replica_tolerance, done)
             if progress.due() and k <= per_epoch:
-                elapsed = time.perf_counter() - start
+                elapsed = time.perf_counter() - clock
                 progress.update(
                     k - 1,
                     per_epoch,
-                    {**_train_values(step), rate: (k - first) * global_batch / elapsed},
+                    {**_train_values(step),
+                     rate: (k - timed) * global_batch / elapsed if k > timed else None},
                 )
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        seconds = end - start
         record = {"epoch": epoch, **step.metrics()}
-        record["images_per_sec"] = (per_epoch - first + 1) * global_batch / seconds
+        record["images_per_sec"] = (per_epoch - timed + 1) * global_batch / (end - clock)
         record["seconds"] = seconds
         record["skipped"] = int(step.skipped.numpy())
         record["learning_rate"] = learning_rate  # the epoch's last step's

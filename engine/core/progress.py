@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import TextIO
@@ -97,6 +98,32 @@ class MetricsFile:
             return
         with open(self.path, "a") as stream:
             stream.write(json.dumps(record) + "\n")
+
+    def resume_at(self, epoch: int) -> int:
+        """Drops the lines of `epoch` and later, which a run resumed in
+        `epoch` writes again (a run killed between an epoch's line and its
+        checkpoint wrote one too many); returns how many. The file is
+        rewritten whole and then renamed, so a crash keeps one or the other.
+        """
+        if self.path is None or not os.path.isfile(self.path):
+            return 0
+        with open(self.path) as stream:
+            lines = stream.read().splitlines(keepends=True)
+        kept = [line for line in lines if _epoch_of(line) is None or _epoch_of(line) < epoch]
+        if len(kept) < len(lines):
+            with open(self.path + ".tmp", "w") as stream:
+                stream.writelines(kept)
+            os.replace(self.path + ".tmp", self.path)
+        return len(lines) - len(kept)
+
+
+def _epoch_of(line: str) -> int | None:
+    """The `epoch` of a metrics line; None for a line that is not one."""
+    try:
+        epoch = json.loads(line).get("epoch")
+    except (ValueError, AttributeError):
+        return None
+    return epoch if isinstance(epoch, int) else None
 
 
 class Voice:

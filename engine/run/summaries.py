@@ -16,6 +16,8 @@ instead, in TensorBoard's Profile tab.
 
 from __future__ import annotations
 
+import glob
+import os
 import time
 
 import tensorflow as tf
@@ -30,6 +32,8 @@ class Summaries:
                  steps_per_loop: int = 1):
         self.logdir = logdir
         self.steps_per_loop = steps_per_loop
+        if first_step:
+            prune_after(logdir, first_step)
         self.writer = tf.summary.create_file_writer(logdir)
         self.profile = profile
         self.profiling = False
@@ -85,3 +89,32 @@ class Summaries:
             tf.profiler.experimental.stop()
             self.profiling = False
         self.writer.close()
+
+
+def prune_after(logdir: str, step: int) -> int:
+    """Drops, from the event files in `logdir`, the scalars of steps after
+    `step`: a run resumed from the checkpoint of `step` writes them again,
+    and TensorBoard would show both. Returns how many were dropped. A file
+    cut short by a killed process keeps what it held before the cut.
+    """
+    from tensorflow.core.util import event_pb2
+
+    dropped = 0
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        kept, seen = [], 0
+        try:
+            for record in tf.data.TFRecordDataset(path):
+                seen += 1
+                event = event_pb2.Event.FromString(record.numpy())
+                if not (event.HasField("summary") and event.step > step):
+                    kept.append(record.numpy())
+        except tf.errors.DataLossError:
+            seen += 1  # the tail a killed writer left half-written
+        if len(kept) == seen:
+            continue
+        dropped += seen - len(kept)
+        with tf.io.TFRecordWriter(path + ".tmp") as out:
+            for record in kept:
+                out.write(record)
+        os.replace(path + ".tmp", path)
+    return dropped

@@ -36,6 +36,12 @@ def tower_train(**flags):
     """Train a model with one explicit tower per device."""
     debug = flags.pop("debug") or os.environ.get("TOWER_TRAIN_DEBUG") == "1"
     save_model = flags.pop("save_model")
+    max_restarts = flags.pop("max_restarts")
+    if max_restarts:
+        try:
+            sys.exit(_supervise(flags, max_restarts))
+        except TowerError as err:
+            _report(err, debug)
     if flags.pop("verbose"):
         from engine import quiet
 
@@ -192,16 +198,79 @@ class CliVoice(Voice):
         print(f"tower-train: warning: {self.render(text)}", file=self.stream, flush=True)
 
 
+def _supervise(flags: dict, max_restarts: int) -> int:
+    """--max-restarts N: runs this command line as a child process and
+    starts it again from its last checkpoint when it loses a worker, at
+    most N times (engine.run.supervise)."""
+    from engine.run import supervise
+    from engine.run.session import cluster_options
+    from engine.topology import devices as devs
+
+    if max_restarts < 0:
+        raise UsageFailure(f"--max-restarts ({max_restarts}) must be 0 or more")
+    request = devs.parse_request(flags["devices"], flags["reduce_device"], flags["gpu_memory"])
+    cluster = cluster_options(flags["cluster"], flags["connect_timeout"], request)
+    if cluster is None or not cluster.remote_tasks():
+        raise UsageFailure(f"--max-restarts {max_restarts} restarts a run that loses a worker "
+                           "of its --cluster (or TF_CONFIG's); this run has no other task")
+    if flags["checkpoint_dir"] is None:
+        raise UsageFailure(f"--max-restarts {max_restarts} goes back to the last checkpoint "
+                           "after a lost worker; add --checkpoint-dir DIR")
+    args = _without_max_restarts(sys.argv[1:])
+    return supervise.supervise(
+        [sys.executable, "-m", "towers.cli.train", *args], max_restarts=max_restarts,
+        cluster=cluster, resume_hint=resume_command(),
+        say=lambda line: click.echo(f"tower-train: {line}", err=line.startswith("error:")))
+
+
+def _without_max_restarts(args: list[str]) -> list[str]:
+    """The command line's arguments less --max-restarts and its value."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--max-restarts":
+            skip = True
+        elif not arg.startswith("--max-restarts="):
+            kept.append(arg)
+    return kept
+
+
+class _LastStep:
+    """Remembers the last step a run finished (for the lost-worker report)."""
+
+    step = None
+
+    def on_train_batch_end(self, batch: int, logs: dict) -> None:
+        self.step = logs["step"]
+
+
+def _lost(trainer, down: list[str], last: _LastStep) -> None:
+    """A lost worker under --max-restarts: tells the supervisor and exits
+    with LOST_EXIT, which restarts the run; returns when unsupervised."""
+    import tensorflow as tf
+
+    from engine.run import supervise
+
+    directory = trainer.checkpoint_dir
+    latest = tf.train.latest_checkpoint(directory) if directory else None
+    if supervise.report_lost(supervise.Lost(tuple(down), last.step, latest)):
+        sys.stdout.flush()
+        sys.exit(supervise.LOST_EXIT)
+
+
 def _fit(trainer, arguments: dict) -> None:
     import tensorflow as tf
 
     from engine.run.guard import NonFiniteError
     from engine.run.signals import GracefulStop, StopRequested
+    from engine.topology.cluster import ClusterUnavailable
 
+    last = _LastStep()
     try:
         with GracefulStop(say=lambda m: click.echo(
                 f"tower-train: {common.render(m, FLAGS)}", err=True)) as stop:
-            trainer.fit(**arguments, stop=stop, placement_summary=True)
+            trainer.fit(**arguments, stop=stop, placement_summary=True, callbacks=[last])
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
@@ -219,12 +288,16 @@ def _fit(trainer, arguments: dict) -> None:
         common.fail("tower-train", f"{common.render(str(err.message), FLAGS)}; {last}", 1)
     except OSError as err:
         common.fail("tower-train", f"cannot write {err.filename!r}: {err.strerror}", 1)
+    except ClusterUnavailable as err:  # a step or a save outlived --step-timeout
+        _lost(trainer, [err.render(FLAGS)], last)
+        raise
     except tf.errors.OpError as err:
         if trainer.cluster is not None:
             from engine.topology import cluster as cluster_lib
 
             down = cluster_lib.unreachable(trainer.cluster)
             if down:
+                _lost(trainer, down, last)
                 common.fail("tower-train", f"lost {'; '.join(down)}; "
                             f"{common.render(trainer.resume_advice(), FLAGS)}", 1)
         common.fail("tower-train", _explain_op_error(err, trainer.placement, trainer.info), 1)

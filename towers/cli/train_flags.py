@@ -38,7 +38,7 @@ SECTIONS = {
     "Placement log and profiling": ["placement_log", "strict_placement",
                                     "max_transfer_bytes", "log_device_placement", "logdir",
                                     "profile_steps"],
-    "Cluster": ["cluster", "connect_timeout", "step_timeout"],
+    "Cluster": ["cluster", "connect_timeout", "step_timeout", "max_restarts"],
     "Output": ["verbose", "debug", "version", "help"],
 }
 
@@ -462,6 +462,15 @@ _OPTIONS = [
         type=float,
         help="With a cluster: seconds a step may take before the run stops "
         "and names the tasks that do not answer.",
+    ),
+    click.option(
+        "--max-restarts",
+        default=0,
+        show_default=True,
+        type=int,
+        help="When a worker is lost (it stops answering, or a step outlives "
+        "--step-timeout), wait up to --connect-timeout for every task to answer again, "
+        "then go on from the last checkpoint, up to N times; needs --checkpoint-dir.",
     ),
     click.option(
         "--save-model",
