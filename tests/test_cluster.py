@@ -231,6 +231,119 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
     assert w0.stop()[0] == 0  # the surviving worker served both runs and stops cleanly
 
 
+def supervised(mnist_dir, cluster: str, folder, *extra: str) -> list[str]:
+    """A deterministic two-worker run of 2 epochs of 30 steps under
+    --max-restarts 2 that writes every kind of record into `folder`."""
+    folder.mkdir(exist_ok=True)
+    return train_args(
+        mnist_dir, cluster, "w0/cpu:0,w1/cpu:0", "--epochs", "2", "--steps-per-epoch",
+        "30", "--eval-steps", "2", "--deterministic", "--max-restarts", "2",
+        "--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", "10",
+        "--metrics", str(folder / "metrics.jsonl"), "--logdir", str(folder / "tb"),
+        "--save-model", str(folder / "model.keras"), *extra)
+
+
+def event_steps(logdir, tag: str) -> list[int]:
+    """The steps of `tag`'s scalars in the event files of `logdir`, in order."""
+    import glob
+
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    steps = []
+    for path in sorted(glob.glob(str(logdir / "events.out.tfevents.*"))):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            steps += [event.step for value in event.summary.value if value.tag == tag]
+    return sorted(steps)
+
+
+def model_values(path) -> list:
+    """The weights of a saved model (a loaded model's dropout seeds are new)."""
+    import keras
+
+    return [v.numpy() for v in keras.models.load_model(str(path)).trainable_variables]
+
+
+def kill_when(directory, pattern: str, process: subprocess.Popen, run: subprocess.Popen,
+              seconds: float = 120) -> None:
+    """SIGKILLs `process` as soon as a file or folder matching `pattern`
+    appears in `directory` (polled every millisecond)."""
+    deadline = time.monotonic() + seconds
+    while not any(re.fullmatch(pattern, name) for name in
+                  (os.listdir(directory) if directory.exists() else ())):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.001)
+    process.kill()
+
+
+FIGURES = ("epoch", "steps", "loss", "accuracy", "eval_loss", "eval_accuracy", "eval_samples")
+
+
+@pytest.mark.slow
+def test_a_lost_worker_comes_back_and_the_run_ends_as_an_uninterrupted_one(
+        mnist_dir, tmp_path, processes):
+    """--max-restarts: a worker killed mid-epoch, then one killed as a
+    checkpoint starts to be written, each brought back on its port; the run
+    goes on by itself from its last checkpoint and ends with the figures,
+    records and weights of a run that lost nothing."""
+    import numpy as np
+
+    w0, w1 = processes.worker(), processes.worker()
+    cluster = f"chief=127.0.0.1:{free_port()};worker={w0.address},{w1.address}"
+    whole = run_cli(*supervised(mnist_dir, cluster, tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    assert "restart" not in whole.stdout
+    baseline = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    weights = model_values(tmp_path / "whole" / "model.keras")
+
+    for name, pattern in (("mid-epoch", r"ckpt-20\.index"), ("saving", r"ckpt-40.*")):
+        folder = tmp_path / name
+        run = processes.train(supervised(mnist_dir, cluster, folder))
+        kill_when(folder / "ckpt", pattern, w1.process, run)
+        w1 = processes.worker(port=w1.port)  # back on the same port
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        restarts = re.findall(r"^tower-train: restart .*$", out, re.M)
+        assert len(restarts) == 1, out
+        assert re.fullmatch(
+            rf"tower-train: restart 1 of 2: lost /job:worker/task:1 at {w1.address} "
+            rf"\([^)]+\) at step (\d+); going back to {folder}/ckpt/ckpt-(\d+) once every "
+            r"task answers \(up to 60 s\); 1 restart left", restarts[0]), restarts[0]
+        assert re.search(r"^resumed from .*/ckpt-\d+ at step \d+", out, re.M)
+        # Each epoch and each step once, the figures of the run that lost nothing.
+        records = read_metrics(folder / "metrics.jsonl")
+        assert [[r[k] for k in FIGURES] for r in records] == [
+            [r[k] for k in FIGURES] for r in baseline]
+        assert event_steps(folder / "tb", "train/loss") == list(range(1, 61))
+        for got, want in zip(model_values(folder / "model.keras"), weights):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+def test_a_worker_that_does_not_come_back_ends_the_run_with_the_resume_command(
+        mnist_dir, tmp_path, processes):
+    w0, w1 = processes.worker(), processes.worker()
+    cluster = f"chief=127.0.0.1:{free_port()};worker={w0.address},{w1.address}"
+    args = supervised(mnist_dir, cluster, tmp_path, "--connect-timeout", "3")
+    run = processes.train(args)
+    wait_for_checkpoint(run, tmp_path / "ckpt", 10)
+    w1.process.kill()
+    started = time.monotonic()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    assert time.monotonic() - started < 40  # the loss, the 3 s wait and the word
+    assert re.search(r"^tower-train: restart 1 of 2: lost /job:worker/task:1 .*; going back "
+                     r"to .*/ckpt-\d+ once every task answers \(up to 3 s\); 1 restart left$",
+                     out, re.M), out
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"tower-train: error: /job:worker/task:1 at {w1.address} does not answer "
+        rf"\(Connection refused\) after 3 s; the last checkpoint is {tmp_path}/ckpt/ckpt-\d+; "
+        r"once every worker is up again, resume with: tower-train .* --resume", last), last
+    assert "--max-restarts 2" in last  # the command as the user gave it
+
+
 @pytest.mark.slow
 def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, processes):
     up = processes.worker()

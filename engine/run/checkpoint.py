@@ -18,6 +18,7 @@ fails to restore; the next older one is tried, with a warning.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -26,6 +27,19 @@ from tensorflow.python.trackable import base as trackable
 from engine.core.on_device import OnDevice
 from engine.errors import RunError
 from engine.run.options import CheckpointOptions
+
+
+class _SaverRetracing(logging.Filter):
+    """Keeps TensorFlow's own saver off the terminal: with an I/O device
+    (a cluster's checkpoints) every save traces its save function again,
+    and TensorFlow warns about it as if it were the user's function."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("MultiDeviceSaver" in message and "retracing" in message)
+
+
+tf.get_logger().addFilter(_SaverRetracing())
 
 
 class PinnedIterator(trackable.Trackable):

@@ -106,15 +106,6 @@ def train(
     voice.header(describe(placement, options, built.step.model, info, built.step.reducer))
     run_watchers = [NonFiniteGuard(placement.devices, skip=options.skip_nonfinite,
                                    warn=voice.warn)]
-    summaries = None
-    if options.logdir:
-        # Before the saver: an epoch's events are flushed before its
-        # checkpoint, so a run killed after that checkpoint has them all.
-        summaries = Summaries(
-            options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
-            options.loop.steps_per_loop,
-        )
-        run_watchers.append(summaries)
     saver = None
     if options.checkpoints.directory:
         saver = _checkpoints(placement, options, built, signature, voice, guard)
@@ -123,6 +114,17 @@ def train(
             run_watchers.append(BestCheckpoint(
                 saver.checkpoints.checkpoint, options.checkpoints.directory,
                 options.checkpoints.keep_best, voice.say, saver.checkpoints.io, guard))
+    summaries = None
+    if options.logdir:
+        # Made after the restore (it drops the scalars past the restored
+        # step), watching before the saver: an epoch's events are flushed
+        # before its checkpoint, so a run killed after that checkpoint has
+        # them all.
+        summaries = Summaries(
+            options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
+            options.loop.steps_per_loop,
+        )
+        run_watchers.insert(1, summaries)
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
     log = _placement_log(placement, options, built)
