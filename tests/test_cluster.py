@@ -18,6 +18,7 @@ from conftest import BIN, REPO, run_cli
 
 from engine.placement.report import LOCAL_TASK, by_task, load, matrix
 from engine.topology import cluster as cluster_lib
+from engine.topology import exposure
 
 PARAMETER_BYTES = 407_080  # the mlp's float32 parameters
 
@@ -342,6 +343,58 @@ def test_a_worker_that_does_not_come_back_ends_the_run_with_the_resume_command(
         rf"\(Connection refused\) after 3 s; the last checkpoint is {tmp_path}/ckpt/ckpt-\d+; "
         r"once every worker is up again, resume with: tower-train .* --resume", last), last
     assert "--max-restarts 2" in last  # the command as the user gave it
+
+
+def read_line(process: subprocess.Popen, timeout: float = 60) -> str:
+    """The next line of an unbuffered (bufsize=0, binary) stdout, or ''."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    return process.stdout.readline().decode().rstrip("\n") if ready else ""
+
+
+@pytest.mark.slow
+def test_a_worker_says_who_can_reach_it(processes):
+    worker = processes.worker()
+    # Printed with the banner, at once.
+    lines = [worker.process.stdout.readline().rstrip("\n") for _ in range(2)]
+    assert lines == [f"tower-worker: {line}" for line in exposure.exposure_lines(worker.port)]
+    assert lines[0].startswith(
+        f"tower-worker: listening on every interface of this host: 127.0.0.1:{worker.port}")
+
+
+def test_the_exposure_message_names_the_addresses_and_the_safe_set_ups():
+    lines = exposure.exposure_lines(2222, ["127.0.0.1", "10.0.0.5"])
+    assert lines[0] == ("listening on every interface of this host: 127.0.0.1:2222, "
+                        "10.0.0.5:2222")
+    assert lines[1].startswith("anyone who can reach one of these ports can run code in this "
+                               "process: TensorFlow's server has no authentication;")
+    assert "SSH tunnel" in lines[1] and "firewall rule" in lines[1]
+    assert exposure.exposure_lines(2222, ["127.0.0.1"])[1] == (
+        "reachable from this host only (no other interface has an address)")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_under_restart_on_exit_serves_again_on_its_port(tmp_path):
+    port = free_port()
+    keeper = subprocess.Popen(
+        [os.path.join(BIN, "tower-worker"), "--port", str(port), "--restart-on-exit"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, cwd=REPO,
+        env=quiet_env())
+    try:
+        banner = read_line(keeper)
+        first = int(re.search(r"\(pid (\d+)\)", banner)[1])
+        assert first != keeper.pid  # the server is a child
+        os.kill(first, signal.SIGKILL)
+        lines = [read_line(keeper) for _ in range(4)]
+        assert f"tower-worker: the server (pid {first}) ended (killed by SIGKILL); serving " \
+               f"again on port {port}" in lines
+        again = next(line for line in lines if line.startswith("tower-worker: serving"))
+        assert int(re.search(r"\(pid (\d+)\)", again)[1]) != first
+        assert cluster_lib.probe(f"127.0.0.1:{port}") is None
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(timeout=30) == 0
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
 
 
 @pytest.mark.slow

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 
 import click
 
+from engine.topology import exposure
 from engine.topology.cluster import probe, valid_port
 from towers.cli.common import OneLineCommand, UsageFailure, fail, import_tensorflow
 
@@ -27,7 +30,11 @@ from towers.cli.common import OneLineCommand, UsageFailure, fail, import_tensorf
 @click.option("--cpus", default=1, show_default=True, type=int,
               help="Split this host's CPU into N logical devices (cpu:0..N-1), "
               "to try several towers per worker without GPUs.")
-def tower_worker(port, cpus):
+@click.option("--restart-on-exit", is_flag=True,
+              help="Serve from a child process, and start it again on the same port "
+              "whenever it dies (killed, out of memory): with tower-train --max-restarts, "
+              "a run that loses this worker comes back by itself.")
+def tower_worker(port, cpus, restart_on_exit):
     """Serve this machine's devices to tower-train over gRPC."""
     if port is None:
         port = _port_from_tf_config()
@@ -35,6 +42,8 @@ def tower_worker(port, cpus):
         raise UsageFailure(f"--port {port} is not a port; use 1..65535")
     if cpus < 1:
         raise UsageFailure(f"--cpus ({cpus}) must be at least 1")
+    if restart_on_exit:
+        sys.exit(_keep_serving(port, cpus))
     if probe(f"127.0.0.1:{port}") is None:
         fail("tower-worker", f"--port {port} is already in use on this host; "
              "stop what serves there or pick another port", 1)
@@ -66,8 +75,42 @@ def tower_worker(port, cpus):
         f"tower-worker: serving {socket.gethostname()}:{port} (pid {os.getpid()}); "
         f"devices {devices}; DALI ops registered; stop with Ctrl-C or SIGTERM",
     )
+    for line in exposure.exposure_lines(port):
+        click.echo(f"tower-worker: {line}")
     sys.stdout.flush()
     _wait_for_stop()
+
+
+def _keep_serving(port: int, cpus: int) -> int:
+    """--restart-on-exit: runs the server as a child process and starts it
+    again, on the same port, each time it dies; SIGTERM or Ctrl-C stops the
+    child and ends with its exit code 0. A child that stops cleanly (SIGTERM
+    sent to it) ends this too."""
+    command = [sys.executable, "-m", "towers.cli.worker", "--port", str(port),
+               "--cpus", str(cpus)]
+    child = None
+    stopping = []
+
+    def on_signal(number, frame):
+        stopping.append(number)
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while True:
+        child = subprocess.Popen(command)
+        code = child.wait()
+        if stopping or code == 0:
+            return 0 if stopping else code
+        why = (f"killed by {signal.Signals(-code).name}" if code < 0
+               else f"exit code {code}")
+        click.echo(f"tower-worker: the server (pid {child.pid}) ended ({why}); "
+                   f"serving again on port {port}")
+        sys.stdout.flush()
+        deadline = time.monotonic() + 30
+        while probe(f"127.0.0.1:{port}") is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the port is free again
 
 
 def _wait_for_stop() -> None:
