@@ -472,6 +472,14 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
         (["--cluster", "localhost=127.0.0.1:5", "--devices", "w0/cpu:0"], {},
          "--cluster: the job name 'localhost' is TensorFlow's name for this process; call "
          "the workers' job 'worker'"),
+        (["--devices", "cpu:2", "--max-restarts", "2", "--checkpoint-dir", "/tmp/c"], {},
+         "--max-restarts 2 restarts a run that loses a worker of its --cluster (or "
+         "TF_CONFIG's); this run has no other task"),
+        (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--max-restarts", "1"],
+         {}, "--max-restarts 1 goes back to the last checkpoint after a lost worker; add "
+         "--checkpoint-dir DIR"),
+        (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--max-restarts", "-1"],
+         {}, "--max-restarts (-1) must be 0 or more"),
     ],
 )
 def test_bad_cluster_input_is_one_line(args, env, message):
