@@ -88,7 +88,8 @@ def command_lines(text: str) -> list[str]:
         joined += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
         if line.rstrip().endswith("\\"):
             continue
-        command, joined = joined.strip().removeprefix("$ "), ""
+        # A command sent to the background (`... &`) is checked as itself.
+        command, joined = joined.strip().removeprefix("$ ").removesuffix(" &"), ""
         first = command.split(" ", 1)[0]
         if first.rsplit("/", 1)[-1] in COMMANDS:
             out.append(command)
