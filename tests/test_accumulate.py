@@ -93,3 +93,20 @@ def test_a_count_that_does_not_fit_is_refused(arguments, message):
     with pytest.raises(UsageError) as err:
         towers.Trainer(["/cpu:0", "/cpu:1"], stream=io.StringIO(), **arguments)
     assert flag_message(err.value) == message
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_count_is_refused_naming_it(tmp_path):
+    first = towers.Trainer(["/cpu:0", "/cpu:1"], model="lenet", batch_size=16, accumulate=2,
+                           stream=io.StringIO())
+    first.fit(epochs=1, steps_per_epoch=2, eval_steps=0, checkpoint_dir=str(tmp_path),
+              verbose=0)
+    again = towers.Trainer(["/cpu:0", "/cpu:1"], model="lenet", batch_size=16,
+                           stream=io.StringIO())
+    with pytest.raises(UsageError) as err:
+        again.fit(epochs=2, steps_per_epoch=2, eval_steps=0, checkpoint_dir=str(tmp_path),
+                  resume=True, verbose=0)
+    assert flag_message(err.value) == (
+        f"--resume: {tmp_path}/ckpt-2 was written with accumulate 2, and this run has "
+        "accumulate 1; resume with the same --accumulate, or start afresh with another "
+        "--checkpoint-dir (the checkpoints are left as they are)")

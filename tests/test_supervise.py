@@ -9,8 +9,9 @@ import sys
 from engine.run import supervise
 from engine.topology.cluster import ClusterOptions
 
-# A child that loses a worker (writes what it lost and exits LOST_EXIT) until
-# it runs with --resume twice, then exits 0; it appends its argv to a file.
+# A child that loses a worker (writes what it lost and exits LOST_EXIT) its
+# first `losses` runs, then exits 0 (3 when it may no longer be restarted
+# and still loses one); it appends its argv to a file.
 CHILD = """
 import json, os, sys
 with open(sys.argv[1], "a") as log:
@@ -19,7 +20,7 @@ runs = sum(1 for _ in open(sys.argv[1]))
 if os.environ.get("{LOST_FILE}") and runs <= int(sys.argv[2]):
     with open(os.environ["{LOST_FILE}"], "w") as out:
         json.dump({{"tasks": ["/job:worker/task:1 at 127.0.0.1:9 (Connection refused)"],
-                   "step": 10 * runs, "checkpoint": sys.argv[3]}}, out)
+                   "step": 10 * runs}}, out)
     sys.exit({LOST_EXIT})
 sys.exit(3 if os.environ.get("{LOST_FILE}") is None and runs <= int(sys.argv[2]) else 0)
 """.format(LOST_FILE=supervise.LOST_FILE, LOST_EXIT=supervise.LOST_EXIT)
@@ -34,7 +35,18 @@ def listening_cluster():
                                   connect_timeout=2.0)
 
 
-def run_supervised(tmp_path, losses: int, max_restarts: int, checkpoint="ckpt/ckpt-10"):
+def checkpoints(tmp_path, name: str | None = "ckpt-10"):
+    """A checkpoint folder whose state file lists `name` (None: no state file)."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    if name:
+        (folder / "checkpoint").write_text(
+            f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+    return str(folder)
+
+
+def run_supervised(tmp_path, losses: int, max_restarts: int):
+    folder = checkpoints(tmp_path)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     log = tmp_path / "runs.jsonl"
@@ -42,8 +54,8 @@ def run_supervised(tmp_path, losses: int, max_restarts: int, checkpoint="ckpt/ck
     server, cluster = listening_cluster()
     with server:
         code = supervise.supervise(
-            [sys.executable, str(script), str(log), str(losses), checkpoint],
-            max_restarts=max_restarts, cluster=cluster, say=said.append,
+            [sys.executable, str(script), str(log), str(losses)],
+            max_restarts=max_restarts, cluster=cluster, checkpoint_dir=folder, say=said.append,
             resume_hint="tower-train ... --resume")
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     return code, said, runs
@@ -52,13 +64,14 @@ def run_supervised(tmp_path, losses: int, max_restarts: int, checkpoint="ckpt/ck
 def test_each_loss_is_a_restart_with_resume_until_the_run_ends(tmp_path):
     code, said, runs = run_supervised(tmp_path, losses=2, max_restarts=3)
     assert code == 0
-    assert [args[2:] for args, _ in runs] == [[], ["--resume"], ["--resume"]]
+    assert [args[1:] for args, _ in runs] == [[], ["--resume"], ["--resume"]]
     assert all(lost_file for _, lost_file in runs)  # every run may still be restarted
+    folder = tmp_path / "ckpt"
     assert said == [
-        "restart 1 of 3: lost /job:worker/task:1 at 127.0.0.1:9 (Connection refused) at step "
-        "10; going back to ckpt/ckpt-10 once every task answers (up to 2 s); 2 restarts left",
+        f"restart 1 of 3: lost /job:worker/task:1 at 127.0.0.1:9 (Connection refused) at step "
+        f"10; going back to {folder}/ckpt-10 once every task answers (up to 2 s); 2 restarts left",
         "restart 2 of 3: lost /job:worker/task:1 at 127.0.0.1:9 (Connection refused) at step "
-        "20; going back to ckpt/ckpt-10 once every task answers (up to 2 s); 1 restart left",
+        f"20; going back to {folder}/ckpt-10 once every task answers (up to 2 s); 1 restart left",
     ]
 
 
@@ -78,16 +91,36 @@ def test_max_restarts_0_runs_the_command_once_as_it_is(tmp_path):
 
 
 def test_a_loss_before_the_first_checkpoint_stops_with_the_command(tmp_path):
+    folder = checkpoints(tmp_path, None)
     script = tmp_path / "child.py"
-    script.write_text(CHILD.replace('"checkpoint": sys.argv[3]', '"checkpoint": None'))
+    script.write_text(CHILD)
     server, cluster = listening_cluster()
     said = []
     with server:
         code = supervise.supervise(
-            [sys.executable, str(script), str(tmp_path / "log"), "1", "-"], max_restarts=2,
-            cluster=cluster, say=said.append, resume_hint="tower-train --cluster ...")
+            [sys.executable, str(script), str(tmp_path / "log"), "1"], max_restarts=2,
+            cluster=cluster, checkpoint_dir=folder, say=said.append,
+            resume_hint="tower-train --cluster ...")
     assert code == 1
     assert said == ["error: lost /job:worker/task:1 at 127.0.0.1:9 (Connection refused) at "
                     "step 10, before the first checkpoint: nothing to go back to; once every "
                     "worker is up again, start again with: tower-train --cluster ..."]
-    assert not os.path.exists(tmp_path / "lost.json")
+
+
+def test_a_run_ended_by_a_signal_is_said_and_ends_with_128_plus_it(tmp_path):
+    folder = checkpoints(tmp_path)
+    server, cluster = listening_cluster()
+    said = []
+    with server:
+        code = supervise.supervise(
+            [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+            max_restarts=2, cluster=cluster, checkpoint_dir=folder, say=said.append,
+            resume_hint="-")
+    assert code == 128 + 9
+    assert said == ["error: the run's process ended by SIGKILL"]
+
+
+def test_the_newest_checkpoint_is_read_from_the_state_file(tmp_path):
+    folder = checkpoints(tmp_path, "ckpt-30")
+    assert supervise.latest_checkpoint(folder) == os.path.join(folder, "ckpt-30")
+    assert supervise.latest_checkpoint(str(tmp_path / "none")) is None

@@ -95,3 +95,16 @@ def test_a_k_that_counts_nothing_is_refused(value, message):
     with pytest.raises(UsageError) as err:
         towers.Trainer(["/cpu:0", "/cpu:1"], metrics_top_k=value, stream=io.StringIO())
     assert flag_message(err.value) == message
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_top_k_resumes_into_a_run_with_it(tmp_path):
+    first = towers.Trainer(["/cpu:0", "/cpu:1"], model="lenet", batch_size=32,
+                           stream=io.StringIO())
+    first.fit(epochs=1, steps_per_epoch=3, eval_steps=1, checkpoint_dir=str(tmp_path),
+              verbose=0)
+    again = towers.Trainer(["/cpu:0", "/cpu:1"], model="lenet", batch_size=32,
+                           metrics_top_k=3, stream=io.StringIO())
+    record, = again.fit(epochs=2, steps_per_epoch=3, eval_steps=1,
+                        checkpoint_dir=str(tmp_path), resume=True, verbose=0)
+    assert record["epoch"] == 2 and record["top3_accuracy"] >= record["accuracy"]

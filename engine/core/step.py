@@ -34,6 +34,9 @@ class TowerResult(NamedTuple):
     grads: list[tf.Tensor]
     finite: tf.Tensor  # loss and every gradient finite, bool
     top_k_correct: tf.Tensor  # label among the k largest outputs (0 without top_k)
+    # With accumulation, the model's non-trainable values after the tower's
+    # micro-batches, to be written once every tower has run; else None.
+    state: list | None = None
 
 
 class Reduced(NamedTuple):
@@ -112,51 +115,64 @@ def accumulated(
     """`tower_gradients` over K micro-batches (`images` and `labels`
     stacked [K, B, ...]) one after another, and their mean gradient.
 
-    The tower reads the weights once, then a `tf.while_loop` runs the
-    micro-batches in turn on those values (`model.stateless_call`): one
-    micro-batch's activations are alive at a time, and weights kept on
-    another device cross to the tower once per step, not once per
-    micro-batch. The model's other state (BatchNorm's moving statistics,
-    dropout's seeds) goes through the loop and is written back after it.
-    Micro-batches of one size make the mean of their losses and gradients
-    those of one batch of all K x B samples, within rounding; BatchNorm
-    aside, which normalises by each micro-batch's own statistics. A
-    gradient TensorFlow gives as slices (an embedding's) is summed dense.
+    The tower reads the weights once; then the micro-batches run in turn
+    (the first, then a `tf.while_loop` of one iteration at a time over the
+    rest) on those values, the model called as usual inside a
+    `keras.StatelessScope`: one micro-batch's activations are alive at a
+    time, and weights kept on another device cross to the tower once per
+    step, not once per micro-batch. The model's other state (BatchNorm's
+    moving statistics, dropout's seeds) goes from one micro-batch to the
+    next and comes back in `state`, for the caller to write once all
+    towers have run. Micro-batches of one size make the mean of their
+    losses and gradients those of one batch of all K x B samples, within
+    rounding; BatchNorm aside, which normalises by each micro-batch's own
+    statistics. A gradient TensorFlow gives as slices (an embedding's) is
+    summed dense; one the loss does not reach stays None.
     """
-    weights = [tf.identity(v) for v in model.trainable_variables]
-    state = [tf.identity(v) for v in model.non_trainable_variables]
+    trainable, others = model.trainable_variables, model.non_trainable_variables
+    weights = [tf.identity(v) for v in trainable]
+    name = model_label or model.name
 
-    def body(k, state, loss_sum, correct, top, finite, sums):
+    def one(k, state):
         batch_labels = sample_labels(labels[k])
+        mapping = list(zip(trainable, weights)) + list(zip(others, state))
         with tf.GradientTape() as tape:
             tape.watch(weights)
-            with calling("model", model_label or model.name, "cannot train here:"):
-                outputs, state = model.stateless_call(weights, state, images[k],
-                                                      training=True)
-            outputs = tf.cast(outputs, tf.float32)
+            with keras.StatelessScope(state_mapping=mapping) as scope, calling(
+                    "model", name, "cannot train here:"):
+                outputs = tf.cast(model(images[k], training=True), tf.float32)
             value = tf.reduce_mean(loss(batch_labels, outputs))
             scaled = value if scale is None else value * scale
-        grads = tape.gradient(scaled, weights, unconnected_gradients="zero")
-        grads = [tf.convert_to_tensor(g) for g in grads]
+        grads = [None if g is None else tf.convert_to_tensor(g)
+                 for g in tape.gradient(scaled, weights)]
         if scale is not None:
-            grads = [g / scale for g in grads]
-        hits = tf.reduce_sum(count_correct(batch_labels, outputs))
-        top_hits = (tf.reduce_sum(count_correct(batch_labels, outputs, top_k)) if top_k
-                    else tf.constant(0.0))
-        return (k + 1, list(state), loss_sum + value, correct + hits, top + top_hits,
-                tf.logical_and(finite, all_finite([value, *grads])),
-                [total + g for total, g in zip(sums, grads)])
+            grads = [None if g is None else g / scale for g in grads]
+        top = (tf.reduce_sum(count_correct(batch_labels, outputs, top_k)) if top_k
+               else tf.constant(0.0))
+        return TowerResult(value, tf.reduce_sum(count_correct(batch_labels, outputs)), grads,
+                           all_finite([value, *(g for g in grads if g is not None)]), top,
+                           [scope.get_current_value(v) for v in others])
+
+    first = one(0, [tf.identity(v) for v in others])
+    present = [i for i, g in enumerate(first.grads) if g is not None]
+
+    def body(k, state, loss_sum, correct, top, finite, sums):
+        result = one(k, state)
+        return (k + 1, result.state, loss_sum + result.loss, correct + result.correct,
+                top + result.top_k_correct, tf.logical_and(finite, result.finite),
+                [total + result.grads[i] for total, i in zip(sums, present)])
 
     count = tf.shape(images)[0]
-    zero = tf.constant(0.0)
     _, state, loss_sum, correct, top, finite, sums = tf.while_loop(
         lambda k, *_: k < count, body,
-        (tf.constant(0), state, zero, zero, zero, tf.constant(True),
-         [tf.zeros_like(w) for w in weights]))
-    for variable, value in zip(model.non_trainable_variables, state):
-        variable.assign(value)
+        (tf.constant(1), first.state, first.loss, first.correct, first.top_k_correct,
+         first.finite, [first.grads[i] for i in present]),
+        parallel_iterations=1)
     share = 1.0 / tf.cast(count, tf.float32)
-    return TowerResult(loss_sum * share, correct, [g * share for g in sums], finite, top)
+    grads = [None] * len(first.grads)
+    for i, total in zip(present, sums):
+        grads[i] = total * tf.cast(share, total.dtype)
+    return TowerResult(loss_sum * share, correct, grads, finite, top, state)
 
 
 class TowerStep:
@@ -286,8 +302,10 @@ class TowerStep:
             **({"reducer": state} if state is not None else {}),
             "global_step": self.global_step,
             "skipped": self.skipped,
-            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps,
-                           *([self.top_k_sum] if self.top_k else [])],
+            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
+            # Its own key: a checkpoint written without top-k still restores
+            # (engine.run.checkpoint.OPTIONAL).
+            **({"top_k_sum": self.top_k_sum} if self.top_k else {}),
         }
 
     @property
@@ -336,6 +354,7 @@ class TowerStep:
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 model = self.variables.model_for(tower.index)
                 results.append(self._tower_gradients(model, images, labels, scale))
+        self._write_state(results)
         # A reducer builds its ops in plain Python: unconverted by autograph,
         # its own frames stay in a traceback of an error it raises.
         reduce = tf.autograph.experimental.do_not_convert(self.reducer)
@@ -352,6 +371,22 @@ class TowerStep:
                 tf.stack([r.finite for r in results]),
                 tf.add_n([r.top_k_correct for r in results]),
             )
+
+    def _write_state(self, results: Sequence[TowerResult]) -> None:
+        """With accumulation, each model copy's non-trainable variables take
+        the values its tower's micro-batches left (one copy shared by every
+        tower: the last tower's), written after all towers have read theirs,
+        so no tower waits for another's loop."""
+        if self.accumulate == 1:
+            return
+        last = {}
+        for tower, result in zip(self.placement.towers, results):
+            last[id(self.variables.model_for(tower.index))] = (tower, result.state)
+        for tower, state in last.values():
+            model = self.variables.model_for(tower.index)
+            with tf.name_scope(scopes.tower_scope(tower.index)):
+                for variable, value in zip(model.non_trainable_variables, state):
+                    variable.assign(value)
 
     def _next_batches(self, iterators, count: int = 1):
         """Each tower's next batch, or its next `count` stacked ([count, B, ...])."""

@@ -151,6 +151,11 @@ def saved_signature(directory: str) -> tuple[str, str] | None:
     return None
 
 
+# Parts of a run's state that a checkpoint may lack (written by a run that
+# had none: the top-k sum of a run without top-k); restored when there.
+OPTIONAL = ("top_k_sum",)
+
+
 class Checkpoints:
     """Saves and restores one run's state in `options.directory`."""
 
@@ -158,6 +163,10 @@ class Checkpoints:
         self.options = options
         self.warn = warn
         self.checkpoint = tf.train.Checkpoint(**state)
+        # Restored apart: the rest must all be in a checkpoint, these may not.
+        self._required = tf.train.Checkpoint(
+            **{k: v for k, v in state.items() if k not in OPTIONAL})
+        self._optional = {k: v for k, v in state.items() if k in OPTIONAL}
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, options.directory, max_to_keep=options.keep
         )
@@ -182,11 +191,16 @@ class Checkpoints:
             listed = self._unlisted()
         for path in listed:
             try:
-                status = self.checkpoint.restore(path, options=self.io)
+                status = self._required.restore(path, options=self.io)
                 status.assert_existing_objects_matched()
                 # Saved values this run has no object for (another tower count,
                 # say) are judged by the caller, not warned about at exit.
                 status.expect_partial()
+                if self._optional:
+                    tf.train.Checkpoint(**self._optional).restore(
+                        path, options=self.io).expect_partial()
+                # The saving object numbers its checkpoints on from the restored.
+                self.checkpoint.save_counter.assign(self._required.save_counter)
             except LOST_CONNECTION:
                 raise  # a worker is gone: not the file's fault, and no older one helps
             # A damaged file fails in many ways (IndexError, DataLossError, ...).

@@ -136,13 +136,15 @@ def run_signature(placement: Placement, options: TrainOptions) -> str:
         "variables": options.model.variables,
         "reducer": options.reducer.label,
         "precision": options.model.compute_dtype,
+        # Only where it is used: checkpoints of runs before it still fit.
+        **({"accumulate": options.model.accumulate} if options.model.accumulate > 1 else {}),
     })
 
 
 # How the resume message names each setting, as the argument that sets it.
 SIGNATURE_ARGUMENTS = {"towers": "devices", "batch": "batch_size", "data": "data",
                        "model": "model", "variables": "variables", "reducer": "reducer",
-                       "precision": "mixed_precision"}
+                       "precision": "mixed_precision", "accumulate": "accumulate"}
 
 
 def check_signature(path: str, saved: str, signature: str) -> None:
@@ -160,7 +162,10 @@ def check_signature(path: str, saved: str, signature: str) -> None:
         before, now = json.loads(saved), json.loads(signature)
     except ValueError:  # a checkpoint of an older engine: its text as it is
         before, now = {"settings": saved}, {"settings": signature}
-    names = [key for key in now if before.get(key) != now.get(key)] or list(before)
+    for settings in (before, now):  # a signature without it was of 1 batch per step
+        if "accumulate" in before or "accumulate" in now:
+            settings.setdefault("accumulate", 1)
+    names = [key for key in {**before, **now} if before.get(key) != now.get(key)] or list(before)
     was = ", ".join(f"{key} {before.get(key, '?')}" for key in names)
     asked = ", ".join(f"{key} {now.get(key, '?')}" for key in names)
     named = [f"<{SIGNATURE_ARGUMENTS[k]}>" for k in names if k in SIGNATURE_ARGUMENTS]

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from engine.errors import UsageError
+from engine.run import supervise
 from engine.run.watchdog import Watchdog
 from engine.topology import cluster as cluster_lib
 from engine.topology import devices as devs
@@ -147,6 +148,8 @@ def watch_cluster(
         else:
             detail = ("every task answers, so the work is slow or the workers cannot "
                       "reach this process (check the chief address and its port)")
+        if (down or frozen) and supervise.report_lost(supervise.Lost(tuple(down or frozen))):
+            os._exit(supervise.LOST_EXIT)  # --max-restarts starts the run again
         warn(f"{what} has not finished after {seconds:.0f} s; {detail}; {advice()}")
 
     return Watchdog(step_timeout, overrun, label=f"<step_timeout={step_timeout:g}>")

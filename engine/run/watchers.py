@@ -123,16 +123,17 @@ def replay_gpu_readers(placement: Placement, built: BuiltRun, say, guard=None) -
     reading and dropping the batches it had taken; returns what to add to
     the resume line.
 
-    Every train step takes one batch per tower, so the run had taken
-    `global_step` batches; a held-out pass is `eval_batches` batches and
-    repeats, so only the position within it is replayed.
+    Every train step takes `accumulate` batches per tower (one without
+    accumulation), so the run had taken `global_step` times that; a
+    held-out pass is `eval_batches` batches and repeats, so only the
+    position within it is replayed.
     """
     gpu = [t for t in placement.towers if t.gpu_index is not None]
     if not gpu:
         return ""
     devices = [t.device for t in gpu]
     steps = int(built.step.global_step.numpy())
-    splits = [(built.train_iterators, steps)]
+    splits = [(built.train_iterators, steps * built.step.accumulate)]
     held_out = built.held_out
     if held_out is not None:
         per_pass = data.eval_batches(held_out.size, held_out.batch_size, held_out.num_towers)

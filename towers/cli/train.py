@@ -219,7 +219,7 @@ def _supervise(flags: dict, max_restarts: int) -> int:
     args = _without_max_restarts(sys.argv[1:])
     return supervise.supervise(
         [sys.executable, "-m", "towers.cli.train", *args], max_restarts=max_restarts,
-        cluster=cluster, resume_hint=resume_command(),
+        cluster=cluster, checkpoint_dir=flags["checkpoint_dir"], resume_hint=resume_command(),
         say=lambda line: click.echo(f"tower-train: {line}", err=line.startswith("error:")))
 
 
@@ -245,16 +245,12 @@ class _LastStep:
         self.step = logs["step"]
 
 
-def _lost(trainer, down: list[str], last: _LastStep) -> None:
+def _lost(down: list[str], last: _LastStep) -> None:
     """A lost worker under --max-restarts: tells the supervisor and exits
     with LOST_EXIT, which restarts the run; returns when unsupervised."""
-    import tensorflow as tf
-
     from engine.run import supervise
 
-    directory = trainer.checkpoint_dir
-    latest = tf.train.latest_checkpoint(directory) if directory else None
-    if supervise.report_lost(supervise.Lost(tuple(down), last.step, latest)):
+    if supervise.report_lost(supervise.Lost(tuple(down), last.step)):
         sys.stdout.flush()
         sys.exit(supervise.LOST_EXIT)
 
@@ -266,11 +262,15 @@ def _fit(trainer, arguments: dict) -> None:
     from engine.run.signals import GracefulStop, StopRequested
     from engine.topology.cluster import ClusterUnavailable
 
+    from engine.run.supervise import LOST_FILE
+
     last = _LastStep()
+    supervised = bool(os.environ.get(LOST_FILE))
     try:
         with GracefulStop(say=lambda m: click.echo(
                 f"tower-train: {common.render(m, FLAGS)}", err=True)) as stop:
-            trainer.fit(**arguments, stop=stop, placement_summary=True, callbacks=[last])
+            trainer.fit(**arguments, stop=stop, placement_summary=True,
+                        callbacks=[last] if supervised else [])
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
@@ -288,8 +288,8 @@ def _fit(trainer, arguments: dict) -> None:
         common.fail("tower-train", f"{common.render(str(err.message), FLAGS)}; {last}", 1)
     except OSError as err:
         common.fail("tower-train", f"cannot write {err.filename!r}: {err.strerror}", 1)
-    except ClusterUnavailable as err:  # a step or a save outlived --step-timeout
-        _lost(trainer, [err.render(FLAGS)], last)
+    except ClusterUnavailable as err:  # a task that stopped answering mid-run
+        _lost([err.render(FLAGS)], last)
         raise
     except tf.errors.OpError as err:
         if trainer.cluster is not None:
@@ -297,7 +297,7 @@ def _fit(trainer, arguments: dict) -> None:
 
             down = cluster_lib.unreachable(trainer.cluster)
             if down:
-                _lost(trainer, down, last)
+                _lost(down, last)
                 common.fail("tower-train", f"lost {'; '.join(down)}; "
                             f"{common.render(trainer.resume_advice(), FLAGS)}", 1)
         common.fail("tower-train", _explain_op_error(err, trainer.placement, trainer.info), 1)
