@@ -2,6 +2,7 @@
 the watchers and the progress line see. A fake step records its calls."""
 
 import io
+import json
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from conftest import flag_message
 
 from engine.core import loop
 from engine.core.options import LoopOptions
-from engine.core.progress import EpochProgress
+from engine.core.progress import EpochProgress, MetricsFile
 
 
 class FakeStep:
@@ -139,3 +140,32 @@ def test_the_first_epoch_times_its_rate_after_the_runs_first_call():
     assert record["seconds"] > 1.0  # the epoch's time counts the first call
     # Steps 7-10 (4 of 4 images) in far less than the second the first took.
     assert record["images_per_sec"] > 10 * 16 / record["seconds"]
+
+
+def test_a_resumed_run_drops_only_the_metrics_lines_it_writes_again(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"epoch": 1, "run": "old"}, {"epoch": 2, "run": "old"},
+             {"epoch": 1, "run": "new"}, {"epoch": 2, "run": "new"}, {"epoch": 3, "run": "new"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # Resumed in epoch 2: the new run's lines of epochs 2 and 3 go, the rest stay.
+    assert MetricsFile(str(path)).resume_at(2) == 2
+    assert [json.loads(x) for x in path.read_text().splitlines()] == lines[:3]
+    assert MetricsFile(str(path)).resume_at(5) == 0
+
+
+def test_a_resumed_run_prunes_the_scalars_past_its_checkpoint(tmp_path):
+    from tensorflow.core.util import event_pb2
+
+    from engine.run.summaries import prune_after
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        for step in range(1, 11):
+            tf.summary.scalar("train/loss", float(step), step=step)
+    writer.close()
+    assert prune_after(str(tmp_path), 6) == 4
+    steps = [event_pb2.Event.FromString(r.numpy()).step
+             for path in tmp_path.glob("events.out.tfevents.*")
+             for r in tf.data.TFRecordDataset(str(path))
+             if event_pb2.Event.FromString(r.numpy()).summary.value]
+    assert steps == [1, 2, 3, 4, 5, 6]

@@ -101,6 +101,11 @@ def test_the_best_checkpoint_follows_the_metric_and_survives_a_resume(tmp_path):
     assert variable.numpy() == 2.0
     saved = json.loads((tmp_path / "best" / "best.json").read_text())
     assert saved["value"] == 0.5
+    # A fresh run in the same folder keeps its own best, however bad.
+    fresh = BestCheckpoint(checkpoint, str(tmp_path), "eval_loss", said.append, resume=False)
+    fresh.after_epoch(1, 60, {"eval_loss": 0.8})
+    fresh.after_epoch(2, 70, {"eval_loss": float("nan")})  # never a best
+    assert read_best(str(tmp_path))["step"] == 60
 
 
 @pytest.mark.slow
@@ -126,7 +131,10 @@ def test_weights_of_another_model_are_refused_naming_the_first_layer_that_differ
     ({}, {"keep_best": "eval_accuracy"}, "--keep-best needs --checkpoint-dir DIR"),
     ({}, {"keep_best": "f1", "checkpoint_dir": "/tmp/x"},
      "--keep-best 'f1' is not a figure of the epoch's record: eval_accuracy, eval_loss, "
-     "eval_top5_accuracy, accuracy or loss"),
+     "eval_top5_accuracy, accuracy or loss (Keras' val_ names too)"),
+    ({}, {"keep_best": "val_top5_accuracy", "checkpoint_dir": "/tmp/x"},
+     "--keep-best val_top5_accuracy: this run reports no top-k accuracy; add "
+     "--metrics-top-k 5 or keep the best by another figure"),
     ({}, {"keep_best": "eval_loss", "checkpoint_dir": "/tmp/x", "eval_steps": 0},
      "--keep-best eval_loss is a held-out figure, and this run evaluates on none; add "
      "held-out data or --eval-steps, or keep the best by --keep-best loss"),

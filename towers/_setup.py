@@ -5,6 +5,7 @@ need no TensorFlow, the process-wide set-up, and the engine's option objects.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING
 
 from engine import data as data_lib
@@ -261,6 +262,12 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
         raise UsageError(f"<keep_best={keep_best}> is a held-out figure, and this run "
                          "evaluates on none; add held-out data or <eval_steps>, or keep the "
                          "best by <keep_best=loss>")
+    top = re.search(r"top(\d+)_accuracy$", keep_best or "")
+    k = run.model.metrics_top_k if run else None
+    if top and k is not None and int(top.group(1)) != k:
+        reported = f"top{k}_accuracy" if k else "no top-k accuracy"
+        raise UsageError(f"<keep_best={keep_best}>: this run reports {reported}; add "
+                         f"<metrics_top_k={top.group(1)}> or keep the best by another figure")
     picked = run.choices if run else ()
     schedule = getattr(run.model, "schedule", None) if run else None
     if hasattr(schedule, "check_length"):

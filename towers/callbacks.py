@@ -32,9 +32,11 @@ from collections.abc import Iterable
 
 from engine.core.progress import STEP_FLAGS
 from engine.errors import UsageError
-from engine.run.options import KERAS_NAMES
 
 __all__ = ["Callback", "EarlyStopping"]
+
+# Keras' names of the held-out figures, and ours.
+KERAS_NAMES = {"val_loss": "eval_loss", "val_accuracy": "eval_accuracy"}
 
 
 

@@ -100,16 +100,20 @@ class MetricsFile:
             stream.write(json.dumps(record) + "\n")
 
     def resume_at(self, epoch: int) -> int:
-        """Drops the lines of `epoch` and later, which a run resumed in
-        `epoch` writes again (a run killed between an epoch's line and its
-        checkpoint wrote one too many); returns how many. The file is
-        rewritten whole and then renamed, so a crash keeps one or the other.
+        """Drops the last lines, those of `epoch` and later, which a run
+        resumed in `epoch` writes again (a run killed between an epoch's
+        line and its checkpoint wrote one too many); returns how many.
+        Only the file's end is looked at: an earlier run's lines before
+        them stay. The file is rewritten whole and then renamed, so a crash
+        keeps one or the other.
         """
         if self.path is None or not os.path.isfile(self.path):
             return 0
         with open(self.path) as stream:
             lines = stream.read().splitlines(keepends=True)
-        kept = [line for line in lines if _epoch_of(line) is None or _epoch_of(line) < epoch]
+        kept = list(lines)
+        while kept and (_epoch_of(kept[-1]) or 0) >= epoch:
+            kept.pop()
         if len(kept) < len(lines):
             with open(self.path + ".tmp", "w") as stream:
                 stream.writelines(kept)

@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointOptions", "PlacementOptions", "TrainOptions"]
 
 
-# Keras' names of the held-out figures, and the record's.
-KERAS_NAMES = {"val_loss": "eval_loss", "val_accuracy": "eval_accuracy"}
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointOptions:
     """Where and how often to save.
@@ -62,11 +58,12 @@ class CheckpointOptions:
                     else "<keep_best>")
             raise UsageError(f"{flag} needs <checkpoint_dir=DIR>")
         if self.keep_best is not None:
-            metric = KERAS_NAMES.get(self.keep_best, self.keep_best)
+            metric = re.sub(r"^val_", "eval_", self.keep_best)
             if not re.fullmatch(r"(eval_)?(loss|accuracy|top\d+_accuracy)", metric):
                 raise UsageError(
                     f"<keep_best> {self.keep_best!r} is not a figure of the epoch's "
-                    "record: eval_accuracy, eval_loss, eval_top5_accuracy, accuracy or loss")
+                    "record: eval_accuracy, eval_loss, eval_top5_accuracy, accuracy or loss "
+                    "(Keras' val_ names too)")
             object.__setattr__(self, "keep_best", metric)
 
 

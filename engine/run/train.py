@@ -113,7 +113,8 @@ def train(
         if options.checkpoints.keep_best:
             run_watchers.append(BestCheckpoint(
                 saver.checkpoints.checkpoint, options.checkpoints.directory,
-                options.checkpoints.keep_best, voice.say, saver.checkpoints.io, guard))
+                options.checkpoints.keep_best, voice.say, saver.checkpoints.io, guard,
+                resume=options.checkpoints.resume))
     summaries = None
     if options.logdir:
         # Made after the restore (it drops the scalars past the restored

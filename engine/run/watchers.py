@@ -4,6 +4,7 @@ signals, and the replay that puts GPU readers back after a restore."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from engine import data
@@ -55,7 +56,8 @@ class BestCheckpoint:
     metric, its value, the epoch and the step. A resumed run goes on
     from the best value it had."""
 
-    def __init__(self, checkpoint, directory: str, metric: str, say, io=None, guard=None):
+    def __init__(self, checkpoint, directory: str, metric: str, say, io=None, guard=None,
+                 resume: bool = True):
         import tensorflow as tf
 
         self.metric = metric
@@ -66,14 +68,16 @@ class BestCheckpoint:
         self.manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep=1)
         # +1: larger is better (accuracies), -1: smaller (losses).
         self.sign = 1.0 if metric.endswith("accuracy") else -1.0
-        self.best = read_best(directory)
+        # A fresh run in a used folder starts its own best; a resumed one
+        # goes on from the best it had.
+        self.best = read_best(directory) if resume else None
 
     def after_step(self, step: int, outputs: dict) -> None:
         pass
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         value = record.get(self.metric)
-        if value is None:  # no step updated, or no evaluation this epoch
+        if value is None or not math.isfinite(value):  # no step updated, no evaluation
             return
         if self.best is not None and self.best["metric"] == self.metric and not (
                 self.sign * (value - self.best["value"]) > 0):

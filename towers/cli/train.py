@@ -260,9 +260,8 @@ def _fit(trainer, arguments: dict) -> None:
 
     from engine.run.guard import NonFiniteError
     from engine.run.signals import GracefulStop, StopRequested
-    from engine.topology.cluster import ClusterUnavailable
-
     from engine.run.supervise import LOST_FILE
+    from engine.topology.cluster import ClusterUnavailable
 
     last = _LastStep()
     supervised = bool(os.environ.get(LOST_FILE))
