@@ -397,6 +397,21 @@ def test_a_worker_killed_under_restart_on_exit_serves_again_on_its_port(tmp_path
             keeper.kill()
 
 
+def test_restart_on_exit_gives_up_on_a_server_that_cannot_start():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [os.path.join(BIN, "tower-worker"), "--port", str(port), "--restart-on-exit"],
+            capture_output=True, text=True, timeout=60, cwd=REPO, env=quiet_env())
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"tower-worker: error: --port {port} is already in use on this host; stop what "
+        "serves there or pick another port",
+        "tower-worker: the server could not start (exit code 1); not starting it again"]
+
+
 @pytest.mark.slow
 def test_worker_down_at_start_is_named_within_the_timeout(mnist_dir, processes):
     up = processes.worker()

@@ -468,7 +468,8 @@ class Trainer:
         """One pass over the held-out set (or `steps` batches per tower).
 
         Returns:
-          eval_loss, eval_accuracy and eval_samples.
+          eval_loss, eval_accuracy and eval_samples (and with top-k,
+          `eval_top5_accuracy` for k=5).
 
         Raises:
           UsageError: the data has no held-out set.

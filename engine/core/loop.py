@@ -38,7 +38,7 @@ class HeldOut:
     def evaluate(
         self, step: TowerStep, num_steps: int, call: Callable = plain_call
     ) -> dict[str, float]:
-        totals = 0.0
+        totals = np.zeros([4 if step.top_k else 3], np.float32)
         for _ in range(num_steps):
             valid = data.valid_counts(
                 self.size, self.batch_size, self.num_towers, int(self.position.numpy())

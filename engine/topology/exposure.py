@@ -16,10 +16,13 @@ __all__ = ["addresses", "exposure_lines"]
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
-def addresses() -> list[str]:
+def addresses() -> list[str] | None:
     """This host's IPv4 addresses, one per interface that has one
-    (loopback first), e.g. ['127.0.0.1', '10.0.0.5']."""
+    (loopback first), e.g. ['127.0.0.1', '10.0.0.5']; None where they
+    cannot be listed (not Linux)."""
     found = []
+    if not hasattr(socket, "if_nameindex") or not hasattr(fcntl, "ioctl"):
+        return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             try:
@@ -34,10 +37,15 @@ def addresses() -> list[str]:
 
 
 def exposure_lines(port: int, found: list[str] | None = None) -> list[str]:
-    """What a worker serving on `port` says about who can reach it."""
+    """What a worker serving on `port` says about who can reach it; `found`
+    are the host's addresses (default: `addresses()`)."""
     found = addresses() if found is None else found
-    outside = [a for a in found if not a.startswith("127.")]
-    where = ", ".join(f"{a}:{port}" for a in found) or f"0.0.0.0:{port}"
+    if found is None:  # unknown: the warning stands
+        found, outside = [], ["?"]
+    else:
+        outside = [a for a in found if not a.startswith("127.")]
+    where = (", ".join(f"{a}:{port}" for a in found)
+             or f"port {port} (this host's addresses could not be listed)")
     lines = [f"listening on every interface of this host: {where}"]
     if outside:
         lines.append(

@@ -81,6 +81,11 @@ def tower_worker(port, cpus, restart_on_exit):
     _wait_for_stop()
 
 
+# A server that ends with an error sooner than this after its start could
+# not start, and would not the next time either.
+START_SECONDS = 20.0
+
+
 def _keep_serving(port: int, cpus: int) -> int:
     """--restart-on-exit: runs the server as a child process and starts it
     again, on the same port, each time it dies; SIGTERM or Ctrl-C stops the
@@ -99,10 +104,16 @@ def _keep_serving(port: int, cpus: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     while True:
+        started = time.monotonic()
         child = subprocess.Popen(command)
         code = child.wait()
         if stopping or code == 0:
             return 0 if stopping else code
+        if code > 0 and time.monotonic() - started < START_SECONDS:
+            # It could not start (a busy port, a broken install): that repeats.
+            click.echo(f"tower-worker: the server could not start (exit code {code}); "
+                       "not starting it again", err=True)
+            return code
         why = (f"killed by {signal.Signals(-code).name}" if code < 0
                else f"exit code {code}")
         click.echo(f"tower-worker: the server (pid {child.pid}) ended ({why}); "
