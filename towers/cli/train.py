@@ -299,6 +299,11 @@ def _fit(trainer, arguments: dict) -> None:
                 _lost(down, last)
                 common.fail("tower-train", f"lost {'; '.join(down)}; "
                             f"{common.render(trainer.resume_advice(), FLAGS)}", 1)
+            if isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+                # Every task answers again (a worker under --restart-on-exit
+                # is back already), but the run lost one: its state is gone.
+                first = str(err.message).strip().splitlines()[0][:120]
+                _lost([f"a task of the cluster ({first})"], last)
         common.fail("tower-train", _explain_op_error(err, trainer.placement, trainer.info), 1)
 
 
