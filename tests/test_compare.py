@@ -4,6 +4,7 @@ that goes on without redoing what it finished."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -67,6 +68,43 @@ def test_a_refused_workload_leaves_nothing_that_refuses_the_next(mnist_dir, tmp_
                        eval_steps=0, data=data)
     with pytest.raises(towers.UsageError, match=r"^devices: a study compares reductions "):
         towers.compare(["central", "topk"], out=str(out), devices=["/cpu:0"], data=data)
+
+
+def test_data_without_a_held_out_split_is_refused_not_charted_at_0(tmp_path):
+    with pytest.raises(towers.UsageError) as refused:
+        towers.compare(["central", "ring"], out=str(tmp_path / "out"),
+                       devices=["/cpu:0", "/cpu:1"], data=towers.data.synthetic())
+    assert str(refused.value) == (
+        "data: synthetic data has no held-out split, and a study compares held-out "
+        "accuracy; give data with one (a val/ folder beside train/, or MNIST)")
+
+
+class Halving:
+    """A reducer object with no repr of its own."""
+
+    def __call__(self, tower_grads, devices, destinations):
+        return None
+
+
+@dataclasses.dataclass
+class Scaled:
+    """A reducer object whose repr tells its instances apart."""
+
+    factor: float
+
+    def __call__(self, tower_grads, devices, destinations):
+        return None
+
+
+def test_two_reducer_objects_of_one_class_get_their_own_labels():
+    from towers.study.study import _check_reducers
+
+    labels = [o.label for o in _check_reducers([Halving(), Halving()])]
+    assert labels == ["central", "test_compare:Halving #1", "test_compare:Halving #2"]
+    labels = [o.label for o in _check_reducers(["ring", Scaled(1.0), Scaled(2.0)])]
+    assert labels == ["ring", "Scaled(factor=1.0)", "Scaled(factor=2.0)"]
+    with pytest.raises(towers.UsageError, match="lists 'ring' more than once"):
+        _check_reducers(["ring", "ring"])
 
 
 def test_a_workload_with_a_function_has_the_same_signature_in_every_process():

@@ -352,15 +352,19 @@ def compare(
     _check_out(out, signature)
     # Every run's Trainer is made now: a workload or pairing that cannot work
     # is refused before the first run trains.
-    plan = [(seed, o, Trainer(reducer=o.name, seed=seed, deterministic=True, stream=stream,
-                              **trainer))
-            for seed in range(seeds) for o in options]
-    info = plan[0][2].info
-    if not info.val_size:
+    def make(seed, option):
+        return Trainer(reducer=option.name, seed=seed, deterministic=True, stream=stream,
+                       **trainer)
+
+    first = make(0, options[0])
+    info = first.info
+    if not info.val_size:  # refused at the first: an accuracy of 0 would be charted
         where = info.train_path or f"{info.format} data"
         raise UsageError(
             f"<data>: {where} has no held-out split, and a study compares held-out "
             "accuracy; give data with one (a val/ folder beside train/, or MNIST)")
+    plan = [(seed, o, first if (seed, k) == (0, 0) else make(seed, o))
+            for seed in range(seeds) for k, o in enumerate(options)]
     towers_here = len(plan[0][2].placement.towers)
     if towers_here < 2:
         raise UsageError(f"<devices>: a study compares reductions between towers, and "
