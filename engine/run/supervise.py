@@ -110,7 +110,7 @@ def supervise(command: Sequence[str], *, max_restarts: int, cluster: ClusterOpti
             if code != LOST_EXIT or not os.path.isfile(lost_path):
                 return code
             with open(lost_path) as saved:
-                lost = Lost(**{**json.load(saved)})
+                lost = Lost(**json.load(saved))
             os.remove(lost_path)
             what = "; ".join(lost.tasks)
             at = f" at step {lost.step}" if lost.step is not None else ""
