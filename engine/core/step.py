@@ -374,19 +374,27 @@ class TowerStep:
 
     def _write_state(self, results: Sequence[TowerResult]) -> None:
         """With accumulation, each model copy's non-trainable variables take
-        the values its tower's micro-batches left (one copy shared by every
-        tower: the last tower's), written after all towers have read theirs,
-        so no tower waits for another's loop."""
+        the values its towers' micro-batches left, written after every tower
+        has read them, so no tower waits for another's loop. A copy shared
+        by several towers takes the mean of their floating-point values
+        (BatchNorm's moving statistics, moved by every tower's batches) and
+        the last tower's others (dropout's seed counters)."""
         if self.accumulate == 1:
             return
-        last = {}
+        copies = {}
         for tower, result in zip(self.placement.towers, results):
-            last[id(self.variables.model_for(tower.index))] = (tower, result.state)
-        for tower, state in last.values():
             model = self.variables.model_for(tower.index)
-            with tf.name_scope(scopes.tower_scope(tower.index)):
-                for variable, value in zip(model.non_trainable_variables, state):
-                    variable.assign(value)
+            copies.setdefault(id(model), (model, []))[1].append(result.state)
+        for model, states in copies.values():
+            # On the step's own device (the reduce device), where a shared
+            # copy lives.
+            with tf.name_scope(scopes.UPDATE):
+                for k, variable in enumerate(model.non_trainable_variables):
+                    values = [state[k] for state in states]
+                    if tf.as_dtype(variable.dtype).is_floating and len(values) > 1:
+                        variable.assign(tf.add_n(values) / len(values))
+                    else:
+                        variable.assign(values[-1])
 
     def _next_batches(self, iterators, count: int = 1):
         """Each tower's next batch, or its next `count` stacked ([count, B, ...])."""
