@@ -457,6 +457,36 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
         r"again, resume with: tower-train .* --resume$", last), last
 
 
+@pytest.mark.slow
+def test_a_frozen_worker_under_max_restarts_is_a_restart_once_it_thaws(
+        mnist_dir, tmp_path, processes):
+    """A step that outlives --step-timeout on a frozen worker is a lost
+    worker too: the run restarts from its checkpoint, and finishes once the
+    worker answers again."""
+    w0, w1 = processes.worker(), processes.worker()
+    checkpoints = tmp_path / "ckpt"
+    args = train_args(mnist_dir, f"worker={w0.address},{w1.address}", "w0/cpu:0,w1/cpu:0",
+                      "--epochs", "1", "--steps-per-epoch", "200", "--eval-steps", "0",
+                      "--step-timeout", "5", "--connect-timeout", "60",
+                      "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "20",
+                      "--max-restarts", "1")
+    run = processes.train(args)
+    wait_for_checkpoint(run, checkpoints, 20)
+    w1.process.send_signal(signal.SIGSTOP)
+    restart = ""
+    while not restart.startswith("tower-train: restart"):
+        restart = run.stdout.readline()
+        assert restart or run.poll() is None, run.communicate()
+    w1.process.send_signal(signal.SIGCONT)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    assert re.fullmatch(
+        rf"tower-train: restart 1 of 1: lost /job:worker/task:1 at {re.escape(w1.address)}; "
+        rf"going back to {re.escape(str(checkpoints))}/ckpt-\d+ once every task answers "
+        r"\(up to 60 s\); 0 restarts left\n", restart), restart
+    assert f"checkpoint: {checkpoints}/ckpt-200" in out
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [
