@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from engine import data as data_lib
+from engine.core.progress import record_name
 from engine.errors import UsageError
 from towers import models
 
@@ -257,7 +258,7 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     if eval_steps is None:
         eval_steps = (data_lib.eval_batches(info.val_size, batch, towers)
                       if info is not None and info.val_size else 0)
-    if keep_best is not None and "eval" in keep_best.replace("val_", "eval_") and (
+    if keep_best is not None and record_name(keep_best).startswith("eval_") and (
             info is not None and not eval_steps):
         raise UsageError(f"<keep_best={keep_best}> is a held-out figure, and this run "
                          "evaluates on none; add held-out data or <eval_steps>, or keep the "

@@ -30,13 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from engine.core.progress import STEP_FLAGS
+from engine.core.progress import STEP_FLAGS, figures, record_name
 from engine.errors import UsageError
 
 __all__ = ["Callback", "EarlyStopping"]
-
-# Keras' names of the held-out figures, and ours.
-KERAS_NAMES = {"val_loss": "eval_loss", "val_accuracy": "eval_accuracy"}
 
 
 
@@ -104,7 +101,7 @@ class EarlyStopping(Callback):
             raise UsageError(f"EarlyStopping: mode {mode!r} is not one of auto, min, max")
         if patience < 0:
             raise UsageError(f"EarlyStopping: patience ({patience}) must be 0 or more")
-        self.monitor = KERAS_NAMES.get(monitor, monitor)
+        self.monitor = record_name(monitor)
         self.min_delta = abs(min_delta)
         self.patience = patience
         self.sign = (1.0 if mode == "max" or (mode == "auto" and "accuracy" in self.monitor)
@@ -159,8 +156,9 @@ class _Watcher:
             _call(callback, "on_train_batch_end", (step - 1) % self.steps_per_epoch, logs)
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
-        logs = {**record, **{k: record.get(v) for k, v in KERAS_NAMES.items()},
-                **{f"val_{k[5:]}": v for k, v in record.items() if k.startswith("eval_top")}}
+        # Keras' names of the held-out figures too: val_loss, val_accuracy, ...
+        logs = {**record, **{f"val_{key.removeprefix('eval_')}": value
+                             for key, value in figures(record, "eval_").items()}}
         for callback in self.callbacks:
             _call(callback, "on_epoch_end", epoch - 1, logs)
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from engine import data
 from engine.core.options import LoopOptions
-from engine.core.progress import EpochProgress, MetricsFile
+from engine.core.progress import EpochProgress, MetricsFile, figures
 from engine.core.step import TowerStep
 
 
@@ -144,7 +144,7 @@ def run(
                 progress.update(
                     k - 1,
                     per_epoch,
-                    {**_train_values(step),
+                    {**figures(step.metrics()),
                      rate: (k - timed) * global_batch / elapsed if k > timed else None},
                 )
         end = time.perf_counter()
@@ -173,14 +173,11 @@ def run(
             per_epoch,
             seconds,
             {
-                **_train_values(record),
+                **figures(record),
                 rate: record["images_per_sec"],
                 "skipped": skipped or None,
                 "loss-scale overflows": overflowed or None,
-                "eval_loss": record["eval_loss"],
-                "eval_accuracy": record["eval_accuracy"],
-                **({f"eval_{step.top_k_name}": record[f"eval_{step.top_k_name}"]}
-                   if step.top_k else {}),
+                **figures(record, "eval_"),
             },
         )
         metrics_file.write(record)
@@ -235,9 +232,3 @@ def _not_updated(step: TowerStep, not_updated: int, skipped: int) -> tuple[int, 
         return not_updated, 0
     return min(skipped, not_updated), max(0, not_updated - skipped)
 
-
-def _train_values(source) -> dict[str, float]:
-    """The epoch's figures a progress line shows: loss, accuracy, top-k."""
-    values = source if isinstance(source, dict) else source.metrics()
-    return {key: value for key, value in values.items()
-            if key in ("loss", "accuracy") or key.startswith("top")}

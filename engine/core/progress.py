@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import TextIO
@@ -11,6 +12,28 @@ from typing import TextIO
 # A step's outputs that are flags, not figures: the rest (loss, accuracy,
 # learning_rate, ...) go to TensorBoard and callbacks as they are.
 STEP_FLAGS = ("finite", "overflow", "block_end")
+
+# The figures a record reports for its data, trained on (`loss`) or held out
+# (`eval_loss`): the loss, the accuracy and a top-k accuracy.
+_FIGURE = re.compile(r"loss|accuracy|top\d+_accuracy")
+
+
+def figures(values: dict, prefix: str = "") -> dict:
+    """The figures in `values` (a record, or the step's metrics) named with
+    `prefix` (`eval_` for the held-out set's), in their order."""
+    return {key: value for key, value in values.items()
+            if key.startswith(prefix) and _FIGURE.fullmatch(key[len(prefix):])}
+
+
+def is_figure(name: str) -> bool:
+    """True for a figure of a record, trained on or held out (`eval_loss`)."""
+    return bool(_FIGURE.fullmatch(name.removeprefix("eval_")))
+
+
+def record_name(name: str) -> str:
+    """The record's name for a figure named as Keras does (`val_loss` is
+    `eval_loss` here); other names as they are."""
+    return re.sub(r"^val_", "eval_", name)
 
 
 def format_metrics(values: dict[str, float]) -> str:

@@ -9,9 +9,9 @@ imports TensorFlow, so a run's arguments are checked before it starts.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING
 
+from engine.core.progress import is_figure, record_name
 from engine.errors import UsageError
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class CheckpointOptions:
                     else "<keep_best>")
             raise UsageError(f"{flag} needs <checkpoint_dir=DIR>")
         if self.keep_best is not None:
-            metric = re.sub(r"^val_", "eval_", self.keep_best)
-            if not re.fullmatch(r"(eval_)?(loss|accuracy|top\d+_accuracy)", metric):
+            metric = record_name(self.keep_best)
+            if not is_figure(metric):
                 raise UsageError(
                     f"<keep_best> {self.keep_best!r} is not a figure of the epoch's "
                     "record: eval_accuracy, eval_loss, eval_top5_accuracy, accuracy or loss "

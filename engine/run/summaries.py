@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from engine.core.progress import STEP_FLAGS
+from engine.core.progress import STEP_FLAGS, figures
 
 
 class Summaries:
@@ -74,14 +74,14 @@ class Summaries:
 
     def after_epoch(self, epoch: int, step: int, record: dict) -> None:
         with self.writer.as_default(step=step):
-            for key, value in record.items():
-                if value is None:  # no step of the epoch updated, or no evaluation
-                    continue
-                if key in ("loss", "accuracy", "images_per_sec", "skipped") or (
-                        key.startswith("top")):
-                    tf.summary.scalar(f"epoch/{key}", value)
-                elif key in ("eval_loss", "eval_accuracy") or key.startswith("eval_top"):
-                    tf.summary.scalar(f"eval/{key.removeprefix('eval_')}", value)
+            epoch = {**figures(record), "images_per_sec": record["images_per_sec"],
+                     "skipped": record["skipped"]}
+            held_out = {key.removeprefix("eval_"): value
+                        for key, value in figures(record, "eval_").items()}
+            for group, values in (("epoch", epoch), ("eval", held_out)):
+                for key, value in values.items():
+                    if value is not None:  # no step of the epoch updated, no evaluation
+                        tf.summary.scalar(f"{group}/{key}", value)
         self.writer.flush()
 
     def close(self) -> None:
