@@ -25,10 +25,9 @@ import re
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 
-from engine.topology.cluster import ClusterOptions, probe
+from engine.topology.cluster import ClusterOptions, down_after_timeout
 
 __all__ = ["LOST_EXIT", "LOST_FILE", "Lost", "latest_checkpoint", "report_lost", "run_child",
            "supervise"]
@@ -125,7 +124,8 @@ def supervise(command: Sequence[str], *, max_restarts: int, cluster: ClusterOpti
             say(f"restart {restarts} of {max_restarts}: lost {what}{at}; going back to "
                 f"{checkpoint} once every task answers (up to "
                 f"{cluster.connect_timeout:g} s); {left} restart{'s' * (left != 1)} left")
-            down = wait_for_cluster(cluster)
+            down = [f"{task} at {address} does not answer ({reason})"
+                    for task, address, reason in down_after_timeout(cluster)]
             if down:
                 say(f"error: {'; '.join(down)} after {cluster.connect_timeout:g} s; the last "
                     f"checkpoint is {checkpoint}; once every worker is up again, "
@@ -157,19 +157,3 @@ def run_child(argv: Sequence[str], env: dict, say: Callable[[str], None]) -> int
         say(f"error: the run's process ended by {name}")
         return 128 - code
     return code
-
-
-def wait_for_cluster(cluster: ClusterOptions, poll: float = 0.5) -> list[str]:
-    """Waits up to `connect_timeout` for every remote task to accept
-    connections; returns `/job:J/task:T at ADDRESS does not answer (why)`
-    for those that still do not (empty: all answer)."""
-    deadline = time.monotonic() + cluster.connect_timeout
-    while True:
-        down = []
-        for task, address in cluster.remote_tasks():
-            reason = probe(address, timeout=min(2.0, cluster.connect_timeout))
-            if reason:
-                down.append(f"{task} at {address} does not answer ({reason})")
-        if not down or time.monotonic() >= deadline:
-            return down
-        time.sleep(poll)

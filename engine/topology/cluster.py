@@ -279,29 +279,42 @@ def wait_for_tasks(options: ClusterOptions, say: Callable[[str], None]) -> None:
     Raises:
       ClusterError: a task still does not answer after `connect_timeout`.
     """
+    said = set()
+
+    def waiting(task: str, address: str, reason: str) -> None:
+        if task not in said:
+            say(f"waiting for {task} at {address} ({reason}); up to "
+                f"{options.connect_timeout:g} s")
+            said.add(task)
+
+    down = down_after_timeout(options, waiting)
+    if down:
+        task, address, reason = down[0]
+        raise ClusterUnavailable(
+            f"{options.source}: {task} at {address} does not answer ({reason}) "
+            f"after {options.connect_timeout:g} s; start it there with: "
+            f"tower-worker --port {address.rpartition(':')[2]}"
+        )
+
+
+def down_after_timeout(
+    options: ClusterOptions, waiting: Callable[[str, str, str], None] | None = None,
+) -> list[tuple[str, str, str]]:
+    """Probes every remote task until all answer or `connect_timeout` has
+    passed; returns (task, address, reason) for each that still does not
+    answer (empty: all do). `waiting(task, address, reason)` hears of each
+    task found down before then."""
     deadline = time.monotonic() + options.connect_timeout
-    waiting_said = set()
     pending = options.remote_tasks()
-    while pending:
-        still = []
-        for task, address in pending:
-            reason = probe(address)
-            if reason is None:
-                continue
-            if time.monotonic() >= deadline:
-                raise ClusterUnavailable(
-                    f"{options.source}: {task} at {address} does not answer ({reason}) "
-                    f"after {options.connect_timeout:g} s; start it there with: "
-                    f"tower-worker --port {address.rpartition(':')[2]}"
-                )
-            if task not in waiting_said:
-                say(f"waiting for {task} at {address} ({reason}); up to "
-                    f"{options.connect_timeout:g} s")
-                waiting_said.add(task)
-            still.append((task, address))
-        pending = still
-        if pending:
-            time.sleep(0.5)
+    while True:
+        still = [(task, address, reason) for task, address in pending
+                 if (reason := probe(address, timeout=min(2.0, options.connect_timeout)))]
+        if not still or time.monotonic() >= deadline:
+            return still
+        for down in still if waiting else ():
+            waiting(*down)
+        pending = [(task, address) for task, address, _ in still]
+        time.sleep(0.5)
 
 
 def connect(options: ClusterOptions) -> None:
