@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import resource
 import statistics
@@ -74,19 +75,33 @@ def worker(config: dict) -> dict:
 
 def measured(config: dict, times: list[float]) -> dict:
     """The run's configuration with its step time and samples/s (and tokens/s
-    for text) from the seconds of its timed blocks."""
-    per_step = statistics.median(times) / config["steps"]
-    batch = config["batch"] * config["n"]
+    for text) from the seconds of its timed blocks, and its last training
+    loss. A run whose loss is not finite (or that stopped on a non-finite
+    step: `config["failure"]`) trained nothing worth timing: it gets no rate."""
     row = {
         **config,
         "times": times,
-        "step_ms": 1000 * per_step,
-        "images_per_sec": batch / per_step,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    loss = config.get("loss")
+    row["finite"] = bool(times) and (config["kind"] == "engine-dali-only" or (
+        loss is not None and math.isfinite(loss)))
+    if not row["finite"]:
+        row.update(step_ms=None, images_per_sec=None)
+        return row
+    per_step = statistics.median(times) / config["steps"]
+    batch = config["batch"] * config["n"]
+    row.update(step_ms=1000 * per_step, images_per_sec=batch / per_step)
     if config.get("seq_len"):
         row["tokens_per_sec"] = row["images_per_sec"] * config["seq_len"]
     return row
+
+
+def rate_of(row: dict) -> str:
+    """A row's samples/s, or what its loss was when it has none."""
+    if row.get("images_per_sec") is not None:
+        return f"{row['images_per_sec']:,.0f}"
+    return "loss " + ("nan" if row.get("loss") is None else f"{row['loss']}")
 
 
 def device_worker(config: dict) -> dict:
@@ -97,8 +112,11 @@ def device_worker(config: dict) -> dict:
     if config.get("gpu"):
         import tensorflow as tf
 
-        if not tf.config.list_physical_devices("GPU"):
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
             raise SystemExit("bench: --gpu needs a GPU, and this machine has none")
+        name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+        config["device_name"] = name.replace("NVIDIA ", "").split()[0]  # H100, H200
     if bench_gpu.workload(config)["text"]:
         config["seq_len"] = bench_gpu.workload(config)["shape"][0]
     run = bench_gpu.run_keras if config["kind"] in bench_gpu.KERAS_KINDS else (
@@ -229,14 +247,16 @@ def run_engine(config: dict) -> list[float]:
         # model; the most images/s DALI can give the towers on this host.
         @tf.function
         def one(iterators):
-            return {"finite": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])}
+            return {"finite": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators]),
+                    "loss": tf.constant(0.0)}  # no model: nothing to lose
         run = one
     else:
         run = step.train
+    last = {}
 
     def block(steps):
         """Runs `steps` steps (in loops of `per_loop`, the rest in a shorter
-        loop) and returns the time they took."""
+        loop) and returns the time they took; keeps the last outputs."""
         start = time.perf_counter()
         done = 0
         while done < steps:
@@ -244,9 +264,10 @@ def run_engine(config: dict) -> list[float]:
             # What tower-train's loop reads after every loop: the non-finite
             # guard's flags (a host synchronisation, as in a real run).
             if per_loop == 1:
-                run(iterators)["finite"].numpy()
+                last["out"] = run(iterators)
             else:
-                step.train_loop(iterators, tf.constant(count, tf.int32))["finite"].numpy()
+                last["out"] = step.train_loop(iterators, tf.constant(count, tf.int32))
+            last["out"]["finite"].numpy()
             done += count
         return time.perf_counter() - start
 
@@ -262,6 +283,7 @@ def run_engine(config: dict) -> list[float]:
         from bench_gpu import gpu_profile
 
         config["profile"] = gpu_profile(trace, times[-1], config["steps"])
+    config["loss"] = float(tf.reshape(last["out"]["loss"], [-1])[-1])
     if config.get("pack_bytes") and n > 1:
         config["hidden_fraction"] = hidden_fraction(step, iterators)
     return times
@@ -282,6 +304,7 @@ def run_keras_fit(model_fn, dataset, config, strategy=None) -> list[float]:
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss="sparse_categorical_crossentropy", steps_per_execution=1)
     model.fit(dataset, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[timer.callback])
+    config["loss"] = timer.loss()
     return timer.times
 
 
@@ -403,30 +426,67 @@ def startup_seconds(repeats: int) -> list[float]:
     return times
 
 
-def chart(rows, path, title):
+BASELINES = {"keras-jit": "Keras fit(jit_compile=True)",
+             "mirrored": "the DALI + MirroredStrategy recipe",
+             "engine-memory": "in-memory data"}
+
+
+def chart(rows, path, title, reference):
+    """Bars of each run's samples/s per workload; where the workloads count
+    different samples (images and sequences), each bar is its rate over
+    `reference`'s on the same workload instead, and the axis says so. A run
+    without a rate (its loss not finite) has no bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["model"], r["n"], r["batch"]) for r in rows})
-    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    timed = [r for r in rows if r.get("images_per_sec") is not None]
+    groups = sorted({(r["model"], r["n"], r["batch"], r.get("precision") or "float32")
+                     for r in timed})
+    kinds = list(dict.fromkeys(r["kind"] for r in timed))
     if not kinds:
         return  # every run failed: the table says why
+    units = {unit_of(r) for r in timed}
+    relative = len(units) > 1
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(kinds)
     colors = plt.get_cmap("tab20").colors  # one colour a run, up to 20 runs
+
+    def value(group, kind):
+        row = find(timed, kind, group[0], group[1], group[2], group[3])
+        if row is None:
+            return 0
+        if not relative:
+            return row["images_per_sec"]
+        ref = find(timed, reference, *group)
+        return row["images_per_sec"] / ref["images_per_sec"] if ref else 0
+
     for i, kind in enumerate(kinds):
-        values = [next((r["images_per_sec"] for r in rows if (r["model"], r["n"], r["batch"]) == g
-                        and r["kind"] == kind), 0) for g in groups]
-        ax.bar([j + i * width for j in range(len(groups))], values, width, label=kind,
+        ax.bar([j + i * width for j in range(len(groups))],
+               [value(g, kind) for g in groups], width, label=kind,
                color=colors[i % len(colors)])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
-    ax.set_xticklabels([f"{m}, N={n}, batch {b}" for m, n, b in groups])
-    ax.set_ylabel("images/s")
+    ax.set_xticklabels([f"{m}, N={n}, batch {b}" + (f", {p}" if p != "float32" else "")
+                        for m, n, b, p in groups], fontsize=8)
+    baseline = BASELINES.get(reference, reference)
+    if relative:
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylabel(f"samples/s relative to {baseline} (1.0)")
+    else:
+        ax.set_ylabel(units.pop())
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.savefig(path, bbox_inches="tight")
+
+
+def chart_title(rows, reference: str, dali_sweep: bool) -> str:
+    """The chart's title from the runs: what is compared against what, on which device."""
+    if dali_sweep:
+        return "DALI threads and prefetch against in-memory data (logical CPU devices)"
+    devices = sorted({r["device_name"] for r in rows if r.get("device_name")})
+    where = f"one {', '.join(devices)}" if devices else "logical CPU devices"
+    return f"tower-train against {BASELINES.get(reference, reference)} ({where})"
 
 
 def measure(configs) -> list[dict]:
@@ -444,31 +504,47 @@ def measure(configs) -> list[dict]:
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
         r = rows[-1]
         print(f"[{count}/{len(configs)}] {r['kind']:<30} {r['model']:<6} N={r['n']}: "
-              f"{r['images_per_sec']:>9,.0f} images/s", file=sys.stderr, flush=True)
+              f"{rate_of(r):>9} {unit_of(r)}, last loss {r.get('loss')}"
+              + (f" ({r['failure']})" if r.get("failure") else ""),
+              file=sys.stderr, flush=True)
     return rows
 
 
 def find(rows, kind, model, n, batch=None, precision=None):
-    """The run of `kind` on that workload; `precision` (None: any) as the
-    --gpu table's rows record it."""
+    """The timed run of `kind` on that workload (None where it has no rate:
+    missing, or its loss not finite); `precision` (None: any) as the --gpu
+    table's rows record it."""
     return next((r for r in rows if (r["kind"], r["model"], r["n"]) == (kind, model, n)
-                 and batch in (None, r["batch"])
+                 and batch in (None, r["batch"]) and r.get("images_per_sec") is not None
                  and precision in (None, r.get("precision") or "float32")), None)
 
 
+def unit_of(row: dict) -> str:
+    """What a row's rate counts: sequences for text, else images."""
+    return "sequences/s" if row.get("seq_len") else "images/s"
+
+
 def table(rows, reference: str) -> list[str]:
-    lines = [f"{'model':<12}{'N':>3}{'batch':>6} {'precision':<10}{'run':<30}{'images/s':>10}"
-             f"{'step ms':>9}{'RSS MB':>8}{'ops/step':>9}{'GPU busy':>9}{'hidden':>8}"
-             f"{'vs ' + reference:>20}"]
+    """One line a run: samples/s (images, or sequences for text), or the
+    loss of a run that has no rate because it was not finite; the last loss."""
+    lines = [f"{'model':<12}{'N':>3}{'batch':>6} {'precision':<10}{'run':<30}{'samples/s':>12}"
+             f"{'step ms':>9}{'loss':>9}{'RSS MB':>8}{'ops/step':>9}{'GPU busy':>9}"
+             f"{'hidden':>8}{'vs ' + reference:>20}"]
     for r in rows:
         precision = r.get("precision") or "float32"
         ref = find(rows, reference, r["model"], r["n"], r["batch"], precision)
-        ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref else "-"
+        timed = r.get("images_per_sec") is not None
+        ratio = f"{r['images_per_sec'] / ref['images_per_sec']:.2f}x" if ref and timed else "-"
         busy = f"{r['profile']['gpu_busy_share']:.0%}" if "profile" in r else "-"
         hidden = f"{r['hidden_fraction']:.0%}" if "hidden_fraction" in r else "-"
+        step_ms = f"{r['step_ms']:.2f}" if timed else "-"
+        loss = "-" if r.get("loss") is None else f"{r['loss']:.4g}"
         lines.append(f"{r['model']:<12}{r['n']:>3}{r['batch']:>6} {precision:<10}"
-                     f"{r['kind']:<30}{r['images_per_sec']:>10,.0f}{r['step_ms']:>9.2f}{r['peak_rss_mb']:>8.0f}"
-                     f"{r.get('ops_per_step', '-'):>9}{busy:>9}{hidden:>8}{ratio:>20}")
+                     f"{r['kind']:<30}{rate_of(r) if timed else 'not finite':>12}{step_ms:>9}"
+                     f"{loss:>9}{r['peak_rss_mb']:>8.0f}{r.get('ops_per_step', '-'):>9}"
+                     f"{busy:>9}{hidden:>8}{ratio:>20}")
+        if r.get("failure"):
+            lines.append(f"    {r['kind']}: {r['failure']}")
     return lines
 
 
@@ -488,9 +564,10 @@ def profiles(rows) -> list[str]:
 
 
 def engines_of(rows, model, n, batch):
-    """The engine's training runs (not the in-memory, one-tower or input-only ones)."""
+    """The engine's timed training runs (not the in-memory, one-tower or
+    input-only ones, nor one whose loss was not finite)."""
     return [r for r in rows if (r["model"], r["n"], r["batch"]) == (model, n, batch)
-            and r["kind"].startswith("engine-")
+            and r["kind"].startswith("engine-") and r.get("images_per_sec") is not None
             and not any(x in r["kind"] for x in ("1tower", "memory", "dali-only"))]
 
 
@@ -530,6 +607,11 @@ def device_targets(rows) -> list[str]:
             return find(rows, kind, model, 1, batch, precision)
 
         name = f"{model} b{batch} {precision}"
+        for r in rows:
+            workload = (r["model"], r["batch"], r.get("precision") or "float32")
+            if workload == (model, batch, precision) and r.get("images_per_sec") is None:
+                lines.append(f"  {name}: {r['kind']} MISSED: its loss was not finite "
+                             f"({r.get('failure') or r.get('loss')}), so it has no rate")
         keras_jit, recipe, default, jpeg = (of(k) for k in (
             "keras-jit", "mirrored", "engine-default", "engine-jpeg"))
         heavy = model.startswith(("resnet50", "transformer"))
@@ -645,9 +727,7 @@ def main():
     with open(os.path.join(args.out, f"{name}.json"), "w") as stream:
         json.dump(report, stream, indent=1)
     chart(rows, os.path.join(args.out, f"{name}.png"),
-          "DALI threads and prefetch against in-memory data" if args.dali_sweep
-          else "tower-train against the DALI + MirroredStrategy recipe "
-          + ("(one GPU)" if args.gpu else "(logical CPU devices)"))
+          chart_title(rows, reference, args.dali_sweep), reference)
     print(f"wrote {args.out}/{name}.json and {args.out}/{name}.png")
 
 

@@ -74,6 +74,7 @@ def run_trainer(config: dict) -> list[float]:
     import tensorflow as tf
 
     import towers
+    from engine.run.guard import NonFiniteError
 
     kind = config["kind"]
     arguments = dict(model=config["model"], data=source(config), batch_size=config["batch"],
@@ -88,7 +89,12 @@ def run_trainer(config: dict) -> list[float]:
     trainer = towers.Trainer(devices, stream=stream, **arguments)
     fit = dict(steps_per_epoch=config["steps"], eval_steps=0,
                steps_per_loop=config.get("steps_per_loop"))
-    history = trainer.fit(epochs=1 + config["repeats"], **fit)
+    try:
+        history = trainer.fit(epochs=1 + config["repeats"], **fit)
+    except NonFiniteError as error:  # a row that says so, not a rate
+        config.update(loss=float("nan"), failure=str(error).splitlines()[0])
+        return []
+    config["loss"] = history[-1]["loss"]
     config["header"] = [line.strip() for line in stream.getvalue().splitlines()
                         if line.startswith(("  chosen", "  compute", "  reduce", "  replicas"))]
     if config.get("trace"):
@@ -187,11 +193,14 @@ def fit_keras(model, dataset, config: dict, device: str) -> list[float]:
     with tf.device(device):  # a DALIDataset on a GPU is iterated there
         model.fit(dataset, epochs=1, steps_per_epoch=total, verbose=0,
                   callbacks=[timer.callback])
+    config["loss"] = timer.loss()
     return timer.times
 
 
 class Timer:
-    """A Keras callback that times blocks of `steps` batches after `warmup`."""
+    """A Keras callback that times blocks of `steps` batches after `warmup`
+    and keeps the last batch's logs: `loss()`, read once training is over
+    (Keras' running mean of the epoch, so a single non-finite step shows)."""
 
     def __init__(self, steps: int, warmup: int):
         import keras
@@ -202,6 +211,7 @@ class Timer:
             def on_train_batch_end(self, batch, logs=None):
                 outer.count += 1
                 done = outer.count - warmup
+                outer.logs = logs
                 if done == 0 or (done > 0 and done % steps == 0):
                     now = time.perf_counter()
                     if outer.start is not None:
@@ -209,7 +219,13 @@ class Timer:
                     outer.start = now
 
         self.callback = Callback()
-        self.count, self.start, self.times = 0, None, []
+        self.count, self.start, self.times, self.logs = 0, None, [], None
+
+    def loss(self) -> float | None:
+        """The last logged training loss, or None before the first batch."""
+        if not self.logs or "loss" not in self.logs:
+            return None
+        return float(self.logs["loss"])
 
 
 def gpu_profile(logdir: str, seconds: float, steps: int) -> dict:

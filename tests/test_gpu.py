@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import GPUS, LOGICAL_GPUS, needs_gpu, run_cli
+from test_faults import read_scalars
 from test_reducers import ALL
 
 from engine import data, reducers
@@ -332,3 +333,22 @@ def test_a_gpu_towers_block_copies_to_the_host_only_what_the_loop_reads():
     print(f"copies per block: {copies}")
     assert copies[20].get("MemcpyD2H", 0) == copies[5].get("MemcpyD2H", 0)  # none per step
     assert copies[20].get("MemcpyD2H", 0) <= 4
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_the_transformer_trains_in_each_mixed_precision_with_the_defaults(tmp_path, precision):
+    """One GPU tower with the defaults (variables on the GPU, the whole step
+    compiled by XLA, 25 steps a call): 30 steps of batch 64 on the text
+    corpus, each step's loss finite and the last ones well below the first
+    (on an H100 on 2026-12-07, bfloat16 stopped at step 3, not finite)."""
+    metrics = tmp_path / "m.jsonl"
+    result = run_cli("tower-train", "--devices", "0", "--model", "transformer",
+                     "--data-format", "text", "--batch-size", "64", "--epochs", "1",
+                     "--steps-per-epoch", "30", "--eval-steps", "0",
+                     "--mixed-precision", precision, "--metrics", str(metrics),
+                     "--logdir", str(tmp_path / "tb"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = [loss for _, loss in sorted(read_scalars(tmp_path / "tb")["train/loss"])]
+    assert len(steps) == 30 and all(np.isfinite(steps)), steps
+    assert np.mean(steps[-5:]) < np.mean(steps[:5]) - 0.5, steps
+
