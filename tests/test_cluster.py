@@ -285,8 +285,9 @@ FIGURES = ("epoch", "steps", "loss", "accuracy", "eval_loss", "eval_accuracy", "
 def test_a_lost_worker_comes_back_and_the_run_ends_as_an_uninterrupted_one(
         mnist_dir, tmp_path, processes):
     """--max-restarts: a worker killed mid-epoch, then one killed as a
-    checkpoint starts to be written, each brought back on its port; the run
-    goes on by itself from its last checkpoint and ends with the figures,
+    checkpoint starts to be written, each brought back on its port, then
+    the training process itself SIGKILLed after a checkpoint; the run goes
+    on by itself from its last checkpoint and ends with the figures,
     records and weights of a run that lost nothing."""
     import numpy as np
 
@@ -298,19 +299,29 @@ def test_a_lost_worker_comes_back_and_the_run_ends_as_an_uninterrupted_one(
     baseline = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     weights = model_values(tmp_path / "whole" / "model.keras")
 
-    for name, pattern in (("mid-epoch", r"ckpt-20\.index"), ("saving", r"ckpt-40.*")):
+    for name, pattern in (("mid-epoch", r"ckpt-20\.index"), ("saving", r"ckpt-40.*"),
+                          ("training-process", None)):
         folder = tmp_path / name
         run = processes.train(supervised(mnist_dir, cluster, folder))
-        kill_when(folder / "ckpt", pattern, w1.process, run)
-        w1 = processes.worker(port=w1.port)  # back on the same port
+        if pattern is None:  # the chief's own process, as the OOM killer would end it
+            from test_supervise import the_run_of
+
+            child = the_run_of(run)
+            wait_for_checkpoint(run, folder / "ckpt", 10)
+            os.kill(child, signal.SIGKILL)
+        else:
+            kill_when(folder / "ckpt", pattern, w1.process, run)
+            w1 = processes.worker(port=w1.port)  # back on the same port
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
         restarts = re.findall(r"^tower-train: restart .*$", out, re.M)
         assert len(restarts) == 1, out
+        lost = (r"the run's process ended by SIGKILL" if pattern is None else
+                rf"lost /job:worker/task:1 at {w1.address} \([^)]+\)")
+        wait = "" if pattern is None else r" once every task answers \(up to 60 s\)"
         assert re.fullmatch(
-            rf"tower-train: restart 1 of 2: lost /job:worker/task:1 at {w1.address} "
-            rf"\([^)]+\) at step (\d+); going back to {folder}/ckpt/ckpt-(\d+) once every "
-            r"task answers \(up to 60 s\); 1 restart left", restarts[0]), restarts[0]
+            rf"tower-train: restart 1 of 2: {lost} at step (\d+); going back to "
+            rf"{folder}/ckpt/ckpt-(\d+){wait}; 1 restart left", restarts[0]), restarts[0]
         assert re.search(r"^resumed from .*/ckpt-\d+ at step \d+", out, re.M)
         # Each epoch and each step once, the figures of the run that lost nothing.
         records = read_metrics(folder / "metrics.jsonl")
@@ -517,12 +528,10 @@ def test_a_frozen_worker_under_max_restarts_is_a_restart_once_it_thaws(
         (["--cluster", "localhost=127.0.0.1:5", "--devices", "w0/cpu:0"], {},
          "--cluster: the job name 'localhost' is TensorFlow's name for this process; call "
          "the workers' job 'worker'"),
-        (["--devices", "cpu:2", "--max-restarts", "2", "--checkpoint-dir", "/tmp/c"], {},
-         "--max-restarts 2 restarts a run that loses a worker of its --cluster (or "
-         "TF_CONFIG's); this run has no other task"),
         (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--max-restarts", "1"],
-         {}, "--max-restarts 1 goes back to the last checkpoint after a lost worker; add "
-         "--checkpoint-dir DIR"),
+         {}, "--max-restarts 1 goes back to the newest checkpoint after a crash; add "
+         "--checkpoint-dir DIR (and --checkpoint-every STEPS for checkpoints within an "
+         "epoch)"),
         (["--cluster", "worker=127.0.0.1:1", "--devices", "w0/cpu:0", "--max-restarts", "-1"],
          {}, "--max-restarts (-1) must be 0 or more"),
     ],

@@ -200,8 +200,8 @@ class CliVoice(Voice):
 
 def _supervise(flags: dict, max_restarts: int) -> int:
     """--max-restarts N: runs this command line as a child process and
-    starts it again from its last checkpoint when it loses a worker, at
-    most N times (engine.run.supervise)."""
+    starts it again from its newest checkpoint when it dies (killed, a
+    crash, a lost worker), at most N times (engine.run.supervise)."""
     from engine.run import supervise
     from engine.run.session import cluster_options
     from engine.topology import devices as devs
@@ -210,16 +210,15 @@ def _supervise(flags: dict, max_restarts: int) -> int:
         raise UsageFailure(f"--max-restarts ({max_restarts}) must be 0 or more")
     request = devs.parse_request(flags["devices"], flags["reduce_device"], flags["gpu_memory"])
     cluster = cluster_options(flags["cluster"], flags["connect_timeout"], request)
-    if cluster is None or not cluster.remote_tasks():
-        raise UsageFailure(f"--max-restarts {max_restarts} restarts a run that loses a worker "
-                           "of its --cluster (or TF_CONFIG's); this run has no other task")
     if flags["checkpoint_dir"] is None:
-        raise UsageFailure(f"--max-restarts {max_restarts} goes back to the last checkpoint "
-                           "after a lost worker; add --checkpoint-dir DIR")
+        raise UsageFailure(f"--max-restarts {max_restarts} goes back to the newest checkpoint "
+                           "after a crash; add --checkpoint-dir DIR (and --checkpoint-every "
+                           "STEPS for checkpoints within an epoch)")
     args = _without_max_restarts(sys.argv[1:])
     return supervise.supervise(
         [sys.executable, "-m", "towers.cli.train", *args], max_restarts=max_restarts,
-        cluster=cluster, checkpoint_dir=flags["checkpoint_dir"], resume_hint=resume_command(),
+        cluster=cluster if cluster is not None and cluster.remote_tasks() else None,
+        checkpoint_dir=flags["checkpoint_dir"], resume_hint=resume_command(),
         say=lambda line: click.echo(f"tower-train: {line}", err=line.startswith("error:")))
 
 
@@ -236,16 +235,7 @@ def _without_max_restarts(args: list[str]) -> list[str]:
     return kept
 
 
-class _LastStep:
-    """Remembers the last step a run finished (for the lost-worker report)."""
-
-    step = None
-
-    def on_train_batch_end(self, batch: int, logs: dict) -> None:
-        self.step = logs["step"]
-
-
-def _lost(down: list[str], last: _LastStep) -> None:
+def _lost(down: list[str], last) -> None:
     """A lost worker under --max-restarts: tells the supervisor and exits
     with LOST_EXIT, which restarts the run; returns when unsupervised."""
     from engine.run import supervise
@@ -260,16 +250,15 @@ def _fit(trainer, arguments: dict) -> None:
 
     from engine.run.guard import NonFiniteError
     from engine.run.signals import GracefulStop, StopRequested
-    from engine.run.supervise import LOST_FILE
+    from engine.run.supervise import STEP_FILE, StepReport
     from engine.topology.cluster import ClusterUnavailable
 
-    last = _LastStep()
-    supervised = bool(os.environ.get(LOST_FILE))
+    # Under --max-restarts, the supervisor reads the last step from its file.
+    last = StepReport(os.environ.get(STEP_FILE))
     try:
         with GracefulStop(say=lambda m: click.echo(
                 f"tower-train: {common.render(m, FLAGS)}", err=True)) as stop:
-            trainer.fit(**arguments, stop=stop, placement_summary=True,
-                        callbacks=[last] if supervised else [])
+            trainer.fit(**arguments, stop=stop, placement_summary=True, callbacks=[last])
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
