@@ -378,6 +378,7 @@ class Trainer:
         """
         from engine.run import choices
         from engine.run import train as train_lib
+        from engine.run.outputs import OutputError
         from towers import _setup as setup
         from towers import callbacks as callbacks_lib
 
@@ -406,11 +407,17 @@ class Trainer:
         self.stop_training = False
         self._build(options)
         watcher.begin()
-        history = train_lib.train(
-            self.placement, options, self.info, self.stream, stop, self.watchdog, self.built,
-            voice=self._voice(verbose), verbose=verbose, watchers=(watcher,),
-            placement_summary=placement_summary,
-        )
+        try:
+            history = train_lib.train(
+                self.placement, options, self.info, self.stream, stop, self.watchdog,
+                self.built, voice=self._voice(verbose), verbose=verbose, watchers=(watcher,),
+                placement_summary=placement_summary,
+            )
+        except OutputError as err:  # how to go on, in the caller's terms
+            if err.checkpoint is None:
+                raise
+            raise type(err)(f"{err.message}, then resume with: {self.resume_hint}",
+                            err.checkpoint) from None
         watcher.end(history)
         return history
 

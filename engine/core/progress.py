@@ -119,8 +119,11 @@ class MetricsFile:
     def write(self, record: dict) -> None:
         if self.path is None:
             return
-        with open(self.path, "a") as stream:
-            stream.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as stream:
+                stream.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full disk shows at the close, without the file's name
+            raise OSError(err.errno, err.strerror, self.path) from None
 
     def resume_at(self, epoch: int) -> int:
         """Drops the last lines, those of `epoch` and later, which a run

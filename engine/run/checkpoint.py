@@ -13,7 +13,10 @@ had taken (`replay`), which puts it at the same position.
 `tf.train.CheckpointManager` writes the data and index files first and the
 `checkpoint` state file last, so a checkpoint that was being written when the
 process died is not listed there. A listed checkpoint whose files are damaged
-fails to restore; the next older one is tried, with a warning.
+fails to restore; the next older one is tried, with a warning. A save that
+fails (a full disk, a folder that went read-only) leaves nothing of itself
+behind (TensorFlow's `_temp` folder and any unlisted file of that step are
+taken away) and raises one line that says what was needed and what is kept.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tensorflow.python.trackable import base as trackable
 from engine.core.on_device import OnDevice
 from engine.errors import RunError
 from engine.run.options import CheckpointOptions
+from engine.run.outputs import OutputError, write_failure
 
 
 class _SaverRetracing(logging.Filter):
@@ -124,6 +128,27 @@ class CheckpointError(RunError):
     """No checkpoint in the directory could be restored; the message is one line."""
 
 
+class CheckpointWriteError(OutputError):
+    """A checkpoint could not be written; the message is one line, and
+    `checkpoint` is the newest complete one, kept (None: none yet)."""
+
+
+def files_of(prefix: str) -> list[str]:
+    """The files and folders of checkpoint `prefix` on disk: its index, its
+    data shards, and the `_temp` folder a save in progress writes into."""
+    import glob
+
+    return sorted(set(glob.glob(glob.escape(prefix) + ".*"))
+                  | set(glob.glob(glob.escape(prefix) + "_temp*")))
+
+
+def disk_bytes(prefix: str) -> int:
+    """The bytes checkpoint `prefix`'s files take."""
+    import os
+
+    return sum(os.path.getsize(path) for path in files_of(prefix) if os.path.isfile(path))
+
+
 RUN_KEY = "run/.ATTRIBUTES/VARIABLE_VALUE"  # the run's signature in a checkpoint
 
 
@@ -159,9 +184,13 @@ OPTIONAL = ("top_k_sum",)
 class Checkpoints:
     """Saves and restores one run's state in `options.directory`."""
 
-    def __init__(self, options: CheckpointOptions, state: dict, warn: Callable[[str], None]):
+    def __init__(self, options: CheckpointOptions, state: dict, warn: Callable[[str], None],
+                 size: int = 0):
+        """`size`: about how many bytes a checkpoint of `state` takes, for a
+        full disk's message before the first one is on disk."""
         self.options = options
         self.warn = warn
+        self.size = size
         self.checkpoint = tf.train.Checkpoint(**state)
         # Restored apart: the rest must all be in a checkpoint, these may not.
         self._required = tf.train.Checkpoint(
@@ -171,13 +200,63 @@ class Checkpoints:
             self.checkpoint, options.directory, max_to_keep=options.keep
         )
         self.io = tf.train.CheckpointOptions(experimental_io_device=options.io_device)
+        self._sweep_temp()
+
+    def _sweep_temp(self) -> None:
+        """Takes away the `_temp` folders of saves that a killed process left
+        (TensorFlow writes a checkpoint's data there first); never listed,
+        they could only fill the disk."""
+        import glob
+        import os
+        import shutil
+
+        for path in glob.glob(os.path.join(glob.escape(self.options.directory), "ckpt-*_temp")):
+            shutil.rmtree(path, ignore_errors=True)
 
     @property
     def latest(self) -> str | None:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        return self.manager.save(checkpoint_number=step, options=self.io)
+        """Saves checkpoint `ckpt-step` and returns its path.
+
+        Raises:
+          CheckpointWriteError: it could not be written; nothing of it is
+            left, and the state file still names the newest complete one.
+        """
+        import os
+
+        kept = self.manager.latest_checkpoint
+        prefix = os.path.join(self.options.directory, f"ckpt-{step}")
+        try:
+            return self.manager.save(checkpoint_number=step, options=self.io)
+        except LOST_CONNECTION:
+            raise  # a worker is gone mid-save: the cluster's loss, not the disk's
+        except (tf.errors.OpError, OSError) as err:
+            self._discard(prefix)
+            failure = write_failure(
+                "checkpoint_dir", self.options.directory, err,
+                what=f"checkpoint {os.path.basename(prefix)}",
+                needed=(disk_bytes(kept) if kept else 0) or self.size, kept=kept,
+                checkpoints=True, fixes=", or fewer <keep_checkpoints>",
+                cleaned="nothing half-written is left")
+            raise CheckpointWriteError(failure.message, kept) from None
+
+    def _discard(self, prefix: str) -> None:
+        """Takes away what a failed save of `prefix` wrote, unless the state
+        file lists it (a complete checkpoint of that step from before), and
+        reads the state file again so that `latest` names what is there."""
+        import os
+        import shutil
+
+        state = tf.train.get_checkpoint_state(self.options.directory)
+        listed = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else ()
+        complete = os.path.basename(prefix) in listed
+        for path in files_of(prefix):
+            if not complete or path.startswith(prefix + "_temp"):
+                (shutil.rmtree if os.path.isdir(path) else os.remove)(path)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self.options.directory, max_to_keep=self.options.keep)
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint that loads; returns its path, or None

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from engine.errors import UsageError
+from engine.errors import RunError, UsageError
 
-__all__ = ["check_directory", "check_file", "check_room"]
+__all__ = ["OutputError", "check_directory", "check_file", "check_room", "write_failure"]
 
 
 def _existing_ancestor(path: str) -> str:
@@ -132,3 +132,49 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} bytes"
+
+
+class OutputError(RunError):
+    """A file or folder of the run could not be written mid-run (a full
+    disk, a folder that went read-only); the message is one line.
+
+    Attributes:
+      checkpoint: the newest complete checkpoint, kept: where a resume goes
+        on from (None: none was saved, or the run saves none).
+    """
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+def write_failure(argument: str, path: str, err: Exception, *, what: str,
+                  needed: int = 0, kept: str | None = None, checkpoints: bool = False,
+                  fixes: str = "", cleaned: str = "") -> OutputError:
+    """The one line for `what` (`checkpoint ckpt-40`, `epoch 3's line`) that
+    could not be written to `path`, the argument `argument`'s: a full disk
+    (what it needs against what is free), a folder that cannot be written,
+    or the error's own first line; then the newest complete checkpoint,
+    kept (`kept`; `checkpoints`: the run saves them), what was cleaned up
+    (`cleaned`), and the fix (`fixes`: more of them, after another
+    `argument`)."""
+    import errno
+
+    text = str(getattr(err, "strerror", None) or getattr(err, "message", None) or err)
+    keeps = (f"; the newest complete checkpoint, {kept}, is kept" if kept else
+             "; no complete checkpoint was saved before it" if checkpoints else "")
+    keeps += f", and {cleaned}" if cleaned else ""
+    if "No space left on device" in text or getattr(err, "errno", None) == errno.ENOSPC:
+        free = _size(shutil.disk_usage(_existing_ancestor(path)).free)
+        head = (f"{what} needs about {_size(needed)}, with {free} free there" if needed
+                else f"{what} was not written, with {free} free there")
+        return OutputError(f"<{argument}> {path!r} is full: {head}{keeps}; free some space "
+                           f"there (or give another <{argument}>{fixes})", kept)
+    for reason in ("Permission denied", "Read-only file system"):
+        if reason in text:
+            return OutputError(f"<{argument}> {path!r} cannot be written ({reason}): {what} "
+                               f"was not written{keeps}; make it writable (or give another "
+                               f"<{argument}>)", kept)
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(err).__name__
+    return OutputError(f"<{argument}> {path!r}: {what} could not be written ({first}){keeps}",
+                       kept)

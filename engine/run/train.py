@@ -27,6 +27,7 @@ from engine.run.checkpoint import (
 from engine.run.describe import check_signature, describe, run_info, run_signature
 from engine.run.guard import NonFiniteError, NonFiniteGuard
 from engine.run.options import TrainOptions
+from engine.run.outputs import OutputError
 from engine.run.signals import GracefulStop, StopRequested
 from engine.run.summaries import Summaries
 from engine.run.watchdog import Watchdog
@@ -121,10 +122,13 @@ def train(
         # step), watching before the saver: an epoch's events are flushed
         # before its checkpoint, so a run killed after that checkpoint has
         # them all.
-        summaries = Summaries(
-            options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
-            options.loop.steps_per_loop,
-        )
+        try:
+            summaries = Summaries(
+                options.logdir, options.profile_steps, int(built.step.global_step.numpy()),
+                options.loop.steps_per_loop,
+            )
+        except tf.errors.OpError as err:
+            raise _output_failure(err, options, saver) or err from None
         run_watchers.insert(1, summaries)
     if stop is not None:
         run_watchers.append(SignalWatcher(stop, options.loop))
@@ -143,20 +147,44 @@ def train(
     except NonFiniteError as err:
         err.checkpoint = saver.checkpoints.latest if saver else None
         raise
+    except (OSError, tf.errors.OpError) as err:
+        failure = _output_failure(err, options, saver)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         if summaries:
-            summaries.close()
+            try:
+                summaries.close()
+            except tf.errors.OpError:
+                pass  # a full disk, said above; the events written so far stay
     if options.placement.log_path:
         _report_placement(log, options, voice, placement_summary)
     return history
+
+
+def _output_failure(err: Exception, options: TrainOptions,
+                    saver: CheckpointWatcher | None) -> OutputError | None:
+    """The one line for a metrics file or TensorBoard event file that could
+    not be written mid-run, or None when `err` is about neither."""
+    kept = saver.checkpoints.latest if saver else None
+    metrics = options.loop.metrics_path
+    if isinstance(err, OSError) and metrics and err.filename == metrics:
+        return outputs.write_failure("metrics", metrics, err, what="the epoch's line",
+                                     kept=kept, checkpoints=saver is not None)
+    logdir = options.logdir
+    if isinstance(err, tf.errors.OpError) and logdir and logdir in str(err.message):
+        return outputs.write_failure("logdir", logdir, err, what="the TensorBoard event file",
+                                     kept=kept, checkpoints=saver is not None)
+    return None
 
 
 def _checkpoints(placement: Placement, options: TrainOptions, built: BuiltRun, signature: str,
                  voice: Voice, guard) -> CheckpointWatcher:
     """The run's checkpoints: room for one checked, the newest restored when
     resuming (refused if another run wrote it), and the watcher that saves."""
-    outputs.check_room("checkpoint_dir", options.checkpoints.directory,
-                       state_bytes(built.step.trackables()))
+    size = state_bytes(built.step.trackables())
+    outputs.check_room("checkpoint_dir", options.checkpoints.directory, size)
     run = tf.Variable(signature, trainable=False)
     state = {**built.step.trackables(), "run": run,
              "train_data": saveable_iterators(placement.towers, built.train_iterators)}
@@ -165,7 +193,7 @@ def _checkpoints(placement: Placement, options: TrainOptions, built: BuiltRun, s
             *saveable_iterators(placement.towers, built.held_out.iterators),
             built.held_out.position,
         ]
-    checkpoints = Checkpoints(options.checkpoints, state, warn=voice.warn)
+    checkpoints = Checkpoints(options.checkpoints, state, warn=voice.warn, size=size)
     if options.checkpoints.resume:
         path = guard("restoring a checkpoint", checkpoints.restore)
         if path:
