@@ -709,7 +709,7 @@ def main():
     reference = ("engine-memory" if args.dali_sweep else
                  "keras-jit" if args.gpu or args.one_device else "mirrored")
     lines = table(rows, reference)
-    if args.trace:
+    if any("profile" in r for r in rows):
         lines += ["", "profiles:", *profiles(rows)]
     if not args.dali_sweep:
         lines += ["", "targets:", *(device_targets(rows)

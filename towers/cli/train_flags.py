@@ -34,11 +34,11 @@ SECTIONS = {
                   "check_reducer", "check_replicas"],
     "Precision and speed": ["xla", "mixed_precision"],
     "Checkpoints": ["checkpoint_dir", "checkpoint_every", "keep_checkpoints", "keep_best",
-                    "resume"],
+                    "resume", "max_restarts"],
     "Placement log and profiling": ["placement_log", "strict_placement",
                                     "max_transfer_bytes", "log_device_placement", "logdir",
                                     "profile_steps"],
-    "Cluster": ["cluster", "connect_timeout", "step_timeout", "max_restarts"],
+    "Cluster": ["cluster", "connect_timeout", "step_timeout"],
     "Output": ["verbose", "debug", "version", "help"],
 }
 
@@ -468,9 +468,11 @@ _OPTIONS = [
         default=0,
         show_default=True,
         type=int,
-        help="When a worker is lost (it stops answering, or a step outlives "
-        "--step-timeout), wait up to --connect-timeout for every task to answer again, "
-        "then go on from the last checkpoint, up to N times; needs --checkpoint-dir.",
+        help="When the run's process dies (killed, failed) or loses a worker (with a "
+        "cluster: after every task answers again, up to --connect-timeout), start it "
+        "again from the newest checkpoint, up to N times; a stop by Ctrl-C or SIGTERM "
+        "is not restarted, nor the same failure at the same step twice. Needs "
+        "--checkpoint-dir.",
     ),
     click.option(
         "--save-model",
