@@ -6,6 +6,7 @@ shows no sentinel or home folder of the machine that built it."""
 from __future__ import annotations
 
 import os
+import re
 
 import griffe
 from mkdocs.exceptions import PluginError
@@ -45,11 +46,31 @@ def undocumented() -> list[str]:
     return missing
 
 
+_PRE = re.compile(r"(<pre.*?</pre>)", re.S)
+_CODE = re.compile(r"(<code[^>]*>)(.*?)(</code>)", re.S)
+_PUNCTUATED = re.compile(r"(\S*[^\w\s]\S*)")
+
+
+def keep_names_whole(html: str) -> str:
+    """Each token of inline code with a dash or other mark (not of code blocks) wrapped in
+    `<span class="nobr">`, so that the browser does not break `--optimizer`
+    after its dashes (only the text between tags is touched)."""
+
+    def code(match):
+        inner = re.sub(r"(^|>)([^<]+)", lambda t: t.group(1) + _PUNCTUATED.sub(
+            r'<span class="nobr">\1</span>', t.group(2)), match.group(2))
+        return match.group(1) + inner + match.group(3)
+
+    return "".join(part if part.startswith("<pre") else _CODE.sub(code, part)
+                   for part in _PRE.split(html))
+
+
 def on_page_content(html, page, config, files):
-    """The command reference as a reader anywhere would see it: click 8.3 and
+    """Inline code keeps its names whole (`keep_names_whole`). The command reference as a reader anywhere would see it: click 8.3 and
     later give options without a default `Sentinel.UNSET`, which
     mkdocs-click 0.9 prints (mkdocs/mkdocs-click#95), and the MNIST default
     names the building user's home folder."""
+    html = keep_names_whole(html)
     if page.file.src_uri != CLI_REFERENCE:
         return html
     html = html.replace("<code>Sentinel.UNSET</code>", "-")
