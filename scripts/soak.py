@@ -211,29 +211,52 @@ def inject(fault: str, job: Job, workers: list[Worker], checkpoints: str, rng) -
 
 
 def steps_redone(text: str) -> list[dict]:
-    """Each restart and stop the job's log says, with the step it was at and
-    the checkpoint it went back to."""
-    events = []
-    for line in text.splitlines():
+    """Each restart and stop the job's log says, with where in the log it
+    is (`at`), the step it was at and the checkpoint it went back to."""
+    events, at = [], 0
+    for line in text.splitlines(keepends=True):
+        found = None
         restart = re.search(r"restart \d+ of \d+: (.*?)(?: at step (\d+))?; going back to "
                             r".*ckpt-(\d+)", line)
         if restart:
             what, step, back = restart.groups()
-            events.append({"said": what, "step": int(step) if step else None,
-                           "back_to": int(back)})
+            found = (what, int(step) if step else None, int(back))
         stopped = re.search(r"stopped by (SIG\w+) after step (\d+); checkpoint saved: "
                             r".*ckpt-(\d+)", line)
         if stopped:
-            events.append({"said": f"stopped by {stopped.group(1)}",
-                           "step": int(stopped.group(2)), "back_to": int(stopped.group(3))})
-        full = re.search(r"is full: checkpoint ckpt-(\d+) .* checkpoint, .*ckpt-(\d+), is kept",
-                         line)
+            found = (f"stopped by {stopped.group(1)}", int(stopped.group(2)),
+                     int(stopped.group(3)))
+        full = re.search(r"is full: checkpoint ckpt-(\d+) .*?checkpoint, .*?ckpt-(\d+)\W*, is "
+                         r"kept", line)
         if full:
-            events.append({"said": "checkpoint folder full", "step": int(full.group(1)),
-                           "back_to": int(full.group(2))})
-    for event in events:
-        event["redone"] = None if event["step"] is None else event["step"] - event["back_to"]
+            found = ("checkpoint folder full", int(full.group(1)), int(full.group(2)))
+        if found:
+            what, step, back = found
+            events.append({"said": what, "step": step, "back_to": back, "at": at,
+                           "redone": None if step is None else step - back})
+        at += len(line)
     return events
+
+
+def report(done: list[dict], events: list[dict]) -> list[str]:
+    """The faults, each with what the run said after it (before the next
+    fault) and the steps it cost."""
+    lines = ["  #  minute  fault             what the run said                        step  "
+             "back to  redone"]
+    for k, fault in enumerate(done):
+        end = done[k + 1]["log_at"] if k + 1 < len(done) else float("inf")
+        said = [e for e in events if fault["log_at"] <= e["at"] < end] or [None]
+        for n, event in enumerate(said):
+            head = (f"  {k + 1:<2} {fault['minute']:6.1f}  {fault['fault']:<17}" if n == 0
+                    else " " * 30)
+            if event is None:
+                lines.append(f"{head} (nothing: the run went on)")
+                continue
+            step = "-" if event["step"] is None else str(event["step"])
+            redo = "-" if event["redone"] is None else str(event["redone"])
+            lines.append(f"{head} {event['said'][:38]:<38} {step:>6} {event['back_to']:>8} "
+                         f"{redo:>7}")
+    return lines
 
 
 def check(folder: str, baseline: str, total_steps: int, epochs: int) -> list[str]:
@@ -285,7 +308,9 @@ def run_job(job: Job, schedule, workers, checkpoints, args, rng) -> tuple[int, l
                 fault = pending.pop(0)
                 at = time.monotonic() - started
                 print(f"soak: {at / 60:5.1f} min: {fault}", flush=True)
-                done.append({**inject(fault, job, workers, checkpoints, rng), "minute": at / 60})
+                log_at = len(job.text())
+                done.append({**inject(fault, job, workers, checkpoints, rng), "minute": at / 60,
+                             "log_at": log_at})
                 continue
         code = job.process.wait()
         if code == 128 + signal.SIGTERM:  # a stop, saved: the scheduler's resume
@@ -346,15 +371,7 @@ def main() -> None:
     redone = sum(e["redone"] or 0 for e in events)
     lines = [f"soak: exit 0 after {minutes:.1f} min (the uninterrupted run: "
              f"{base_minutes:.1f} min), {len(done)} faults injected, seed {args.seed}",
-             "  #  minute  fault              what the run said                       step  "
-             "back to  redone"]
-    for k, fault in enumerate(done):
-        lines.append(f"  {k + 1:<2} {fault['minute']:6.1f}  {fault['fault']:<18}")
-    lines.append("  restarts and stops, as the job's log says them:")
-    for event in events:
-        step = "-" if event["step"] is None else str(event["step"])
-        redo = "-" if event["redone"] is None else str(event["redone"])
-        lines.append(f"     {event['said'][:60]:<60} {step:>6} {event['back_to']:>8} {redo:>7}")
+             *report(done, events)]
     lines += [f"  steps redone in all: {redone} of {total}", *[f"  {v}" for v in verdicts]]
     print("\n".join(lines))
     with open(os.path.join(out, "soak.json"), "w") as stream:
