@@ -85,7 +85,11 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
 
 class TowerError(Exception):
     """Base of every error the engine raises on purpose; one line, with
-    argument markers (module docstring)."""
+    argument markers (module docstring).
+
+    Args:
+      message: the line, with `<name>` markers for the arguments it names.
+    """
 
     # Raised while a tf.function is traced, an error keeps its type and its
     # one line: autograph re-raises it as it is instead of adding its frames.
@@ -99,7 +103,12 @@ class TowerError(Exception):
         return render(self.message)
 
     def render(self, flags: Mapping[str, str] | None = None) -> str:
-        """The message with its arguments named as `flags` has them."""
+        """The message with its arguments named as `flags` has them.
+
+        Args:
+          flags: argument name -> how to name it (`learning_rate` -> `--lr`);
+            None: in Python terms (`render`).
+        """
         return render(self.message, flags)
 
 

@@ -219,7 +219,7 @@ def test_worker_killed_mid_run_is_named_and_the_run_resumes(mnist_dir, tmp_path,
         f"the last checkpoint is {checkpoints}/ckpt-"
     ), line
     assert line.endswith(" --resume"), line
-    assert "once every worker is up again, resume with: tower-train --cluster" in line
+    assert "once every worker is up again, resume with: .venv/bin/tower-train --cluster" in line
     saved = int(line.split("/ckpt-")[1].split(";")[0])
     assert saved >= 40
 
@@ -352,7 +352,8 @@ def test_a_worker_that_does_not_come_back_ends_the_run_with_the_resume_command(
     assert re.fullmatch(
         rf"tower-train: error: /job:worker/task:1 at {w1.address} does not answer "
         rf"\(Connection refused\) after 3 s; the last checkpoint is {tmp_path}/ckpt/ckpt-\d+; "
-        r"once every worker is up again, resume with: tower-train .* --resume", last), last
+        r"once every worker is up again, resume with: \.venv/bin/tower-train .* --resume",
+        last), last
     assert "--max-restarts 2" in last  # the command as the user gave it
 
 
@@ -465,7 +466,7 @@ def test_frozen_worker_stops_the_run_at_the_step_timeout(mnist_dir, tmp_path, pr
         r"not finished after \d+ s; accepting connections but not answering TensorFlow "
         rf"\(frozen or overloaded\): /job:worker/task:1 at {re.escape(w1.address)}; the last "
         rf"checkpoint is {re.escape(str(checkpoints))}/ckpt-\d+; once every worker is up "
-        r"again, resume with: tower-train .* --resume$", last), last
+        r"again, resume with: .venv/bin/tower-train .* --resume$", last), last
 
 
 @pytest.mark.slow

@@ -157,8 +157,14 @@ def test_gpu_tower_without_gpu_fails_clearly(indexed_lmdb):
             r"\*-NNNNN-of-NNNNN\)"),
         (lambda p: (p / "train.txt").write_text("a.jpg cat\n"), "jpeg",
          r"train.txt line 1 is 'a.jpg cat'; a file list has 'path label' lines"),
-        (lambda p: (p / "train" / "x").mkdir(parents=True), "caffe2", r"is not an LMDB database "
-            r"\(no data.mdb\)"),
+        (lambda p: (p / "train").mkdir(), "caffe2", r"is not an LMDB database \(no data.mdb\)"),
+        # Another format than the one asked for: said, with the one that reads it.
+        (lambda p: (p / "train" / "x").mkdir(parents=True), "caffe2", r"/train' holds class "
+            r"sub-folders, which --data-format caffe2 does not read \(it reads an LMDB database "
+            r"\(data.mdb\)\); give --data-format folder \(or --data-format auto\)$"),
+        (lambda p: ((p / "train").mkdir(), (p / "train" / "data.mdb").write_bytes(b"")), "jpeg",
+         r"/train' holds an LMDB database \(data.mdb\), which --data-format jpeg does not read "
+         r"\(it reads class sub-folders\); give --data-format caffe2"),
     ],
 )
 def test_bad_data_directories_are_named(tmp_path, setup, fmt, message):

@@ -108,7 +108,9 @@ def test_reduce_device_defaults_to_the_first_gpu_tower_else_host_cpu():
         ("cpu:0", r"^--devices 'cpu:0': N must be at least 1 for cpu:N, got 0"),
         ("cpu:-2", r"N must be at least 1 for cpu:N, got -2"),
         ("0,x", r"^--devices '0,x': 'x' is not a GPU index or a device name"),
-        ("cpu:2,0", r"'cpu:2' is not a GPU index or a device name"),
+        ("cpu:2,0", r"'cpu:2' splits a device into logical ones and stands alone; give it once "
+                    r"\('cpu:2'\), or list devices by name \(/cpu:0,/cpu:1\)"),
+        ("cpu:2,cpu:2", r"'cpu:2' splits a device into logical ones and stands alone"),
         ("gpu:0", r"^--devices 'gpu:0': N must be at least 1 for gpu:N, got 0$"),
     ],
 )

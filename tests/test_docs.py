@@ -69,9 +69,8 @@ def test_a_broken_link_fails_the_build(docs_copy, tmp_path):
 
 
 def test_an_undocumented_public_name_fails_the_build(docs_copy, tmp_path):
-    (docs_copy.parent / "towers").unlink()
-    shutil.copytree(os.path.join(REPO, "towers"), docs_copy.parent / "towers")
     callbacks = docs_copy.parent / "towers" / "callbacks.py"
+    copy_of_towers(docs_copy)
     callbacks.write_text(callbacks.read_text().replace(
         '__all__ = ["Callback", "EarlyStopping"]',
         '__all__ = ["Callback", "EarlyStopping", "helper"]') + "\n\ndef helper():\n    pass\n")
@@ -79,6 +78,57 @@ def test_an_undocumented_public_name_fails_the_build(docs_copy, tmp_path):
     assert result.returncode == 1
     assert ("public names without a docstring (give each one, or drop it from __all__): "
             "towers.callbacks.helper") in result.stderr
+
+
+def copy_of_towers(docs_copy) -> str:
+    """The docs copy's own towers/ to plant a fault in (not a link to ours)."""
+    (docs_copy.parent / "towers").unlink()
+    shutil.copytree(os.path.join(REPO, "towers"), docs_copy.parent / "towers")
+    return str(docs_copy.parent / "towers")
+
+
+def test_an_untyped_or_undescribed_parameter_fails_the_build(docs_copy, tmp_path):
+    models = os.path.join(copy_of_towers(docs_copy), "models", "small.py")
+    text = open(models).read()
+    open(models, "w").write(text.replace(
+        "def mlp(input_shape: Sequence[int], num_classes: int, dropout: float = 0.2)",
+        "def mlp(input_shape: Sequence[int], num_classes: int, dropout=0.2, width: int = 128)"))
+    result = build(str(docs_copy), str(tmp_path / "site"))
+    assert result.returncode == 1
+    assert ("public parameters without a type (annotate each): towers.models.mlp(dropout: no "
+            "type), towers.models.mlp(width: not under Args)") in result.stderr
+
+
+def test_an_option_without_help_fails_the_build(docs_copy, tmp_path):
+    compare = os.path.join(copy_of_towers(docs_copy), "cli", "compare.py")
+    text = open(compare).read()
+    open(compare, "w").write(text.replace(
+        'help="Epochs each reducer\'s run trains (every run the same)."', "help=None"))
+    result = build(str(docs_copy), str(tmp_path / "site"))
+    assert result.returncode == 1
+    assert ("tower-compare: --epochs INTEGER has no help text; give the option a help= that "
+            "says what it does") in result.stderr
+
+
+def test_the_command_reference_has_every_option_in_its_help_group(tmp_path):
+    import click
+
+    from towers.cli.train import SECTIONS, tower_train
+
+    result = build(DOCS, str(tmp_path / "site"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    assert "N/A" not in cli
+    train = cli.split('<h2 id="tower-train"')[1].split('<h2 id="tower-compare"')[0]
+    titles = re.findall(r"<p><strong>(.*?)</strong></p>", train)
+    assert titles == [t for t in SECTIONS if t != "Other"], titles
+    cells = re.findall(r"<tr><td><code>(.*?)</code></td>", train)
+    flags = {flag for cell in cells for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", cell)}
+    want = {flag for p in tower_train.params if isinstance(p, click.Option)
+            for flag in (*p.opts, *p.secondary_opts)}
+    assert flags == want | {"-h", "--help"}, flags ^ (want | {"-h", "--help"})
+    for command in ("tower-data mnist", "tower-placement check", "tower-reduce-bench"):
+        assert f'<h{2 + (" " in command)} id="{command.replace(" ", "-")}"' in cli
 
 
 def test_every_example_is_shown_in_the_docs():

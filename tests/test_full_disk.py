@@ -63,7 +63,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_and_the_resume_goes_on_exact
             r"needs about 1\.2 MB, with \d+\.\d KB free there; the newest complete checkpoint, "
             rf"{disk}/ckpt/ckpt-20, is kept, and nothing half-written is left; free some space "
             r"there \(or give another --checkpoint-dir, or fewer --keep-checkpoints\), then "
-            r"resume with: tower-train --devices cpu:2 .* --resume", last), last
+            r"resume with: .venv/bin/tower-train --devices cpu:2 .* --resume", last), last
         assert sorted(os.listdir(disk / "ckpt")) == [
             "checkpoint", "ckpt-20.data-00000-of-00001", "ckpt-20.index"]
         assert tf.train.latest_checkpoint(str(disk / "ckpt")) == f"{disk}/ckpt/ckpt-20"

@@ -54,6 +54,16 @@ def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
             raise UsageError(f"<{argument}> ({value}) must be at least 1")
 
 
+def check_groups(options, towers: int) -> None:
+    """hierarchical's groups cannot be larger than the run: a `group_size`
+    above the tower count is a mistake (a count meant for another machine)."""
+    from engine.reducers.options import ReducerError
+
+    if options.method == "hierarchical" and options.group_size > towers:
+        raise ReducerError(f"<group_size> ({options.group_size}) is more than the run's "
+                           f"{towers} tower{'s' * (towers != 1)}; give 1 to {towers}")
+
+
 def check_data_fits(info, towers: int, batch_size: int, accumulate: int = 1) -> None:
     """Every tower needs a held-out shard, and a training shard of a step or
     more (`accumulate` batches)."""
@@ -78,20 +88,25 @@ def check_data_fits(info, towers: int, batch_size: int, accumulate: int = 1) -> 
         )
 
 
-def reducer_options(reducer, *, group_size: int, pack_bytes: int, compress: str | None,
-                    topology):
+def reducer_options(reducer, *, group_size: int | None, pack_bytes: int,
+                    compress: str | None, topology):
     """The reducer's options, checked before TensorFlow starts (a built-in's
-    name, a spec's parameters, a topology's file and fields).
+    name, a spec's parameters, a topology's file and fields, a `group_size`
+    only where the reducer groups towers; None: its default, 2).
 
     Raises:
       ReducerError: as ReducerOptions.
       TopologyError: a missing or malformed topology file, naming the field.
     """
     from engine.cost import topology as topology_lib
-    from engine.reducers.options import ReducerOptions
+    from engine.reducers.options import ReducerError, ReducerOptions
 
-    options = ReducerOptions(name=reducer, group_size=group_size, pack_bytes=pack_bytes,
-                             compress=compress, topology=topology)
+    options = ReducerOptions(name=reducer, group_size=2 if group_size is None else group_size,
+                             pack_bytes=pack_bytes, compress=compress, topology=topology)
+    if group_size is not None and options.method != "hierarchical":
+        raise ReducerError(f"<group_size={group_size}> sets the groups of "
+                           f"<reducer=hierarchical>; <reducer={options.label}> does not "
+                           "group towers: drop <group_size>")
     if topology is None or isinstance(topology, topology_lib.Topology):
         return options
     try:
@@ -299,11 +314,16 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     )
 
 
-def check_reducer(step, placement, compress: str | None) -> None:
+def check_reducer(step, placement, compress: str | None) -> str:
     """Compares the step's reducer with the exact mean before the first step
-    (engine.reducers.preflight)."""
+    (engine.reducers.preflight); returns the line that says it passed."""
     from engine.reducers import preflight
 
     preflight.check_on_model(step.reducer, step.model, placement.devices,
                              step.variables.destinations, step.reducer_label, compress,
                              step.reducer_context)
+    count = len(step.model.trainable_variables)
+    return (f"reducer check passed: {step.reducer_label!r} gives the exact mean of "
+            f"{count} gradient{'s' * (count != 1)} shaped as the model's, on "
+            f"{len(placement.devices)} tower{'s' * (len(placement.devices) != 1)}, within "
+            f"{compress or 'float32'} rounding")

@@ -47,7 +47,11 @@ class Callback:
     trainer = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Called once, before the first epoch of a `fit`."""
+        """Called once, before the first epoch of a `fit`.
+
+        Args:
+          logs: None (Keras' signature).
+        """
 
     def on_train_batch_end(self, batch: int, logs: dict) -> None:
         """Called after every training step, in order, whatever
@@ -74,7 +78,11 @@ class Callback:
         """
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        """Called once, after the last epoch (or the one that stopped the run)."""
+        """Called once, after the last epoch (or the one that stopped the run).
+
+        Args:
+          logs: the last epoch's record (None when no epoch ran).
+        """
 
 
 class EarlyStopping(Callback):

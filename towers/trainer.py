@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from engine import errors
 from engine.errors import UsageError
@@ -16,6 +16,13 @@ from engine.run import weights
 from engine.topology import devices as devs
 from towers import data as sources
 from towers import models
+
+if TYPE_CHECKING:
+    import keras
+    from keras.optimizers.schedules import LearningRateSchedule
+
+    from engine.cost.topology import Topology
+    from towers.callbacks import Callback
 
 __all__ = ["Trainer"]
 
@@ -96,7 +103,8 @@ class Trainer:
       variables: `"reduce-device"` (one copy) or `"replicated"` (one per tower).
       reduce_device: where variables live and gradients meet; default: the
         first tower's GPU when every tower is a GPU, else /cpu:0.
-      group_size: towers per group for `reducer="hierarchical"`.
+      group_size: towers per group for `reducer="hierarchical"` (default 2),
+        at most the towers; refused with another reducer.
       pack_bytes: fuse gradients into buffers of about this many bytes,
         last layer first, so that reduction overlaps the backward pass.
       compress: `"fp16"` or `"bf16"`: move gradients in that dtype.
@@ -126,15 +134,21 @@ class Trainer:
       check_reducer: before the first step, compare the reducer's result
         with the exact mean on gradients of the model's shapes, and stop
         with the measured factor when they differ.
+      log_device_placement: TensorFlow's own log of every op's device, on
+        stderr (the raw material of `fit(placement_log=...)`).
       stream: where the layout, progress and summaries go (stdout).
-      resume_hint: how messages tell the user to resume (the CLI passes
-        its command line).
 
     Raises:
       UsageError: (or a subclass: DeviceError, DataError, ModelError,
         ReducerError, ClusterError) naming the argument, the value and the
         fix; nothing has been written.
     """
+
+    # How messages tell the user to resume (the CLI's: its command line).
+    _resume_hint = "fit(..., resume=True)"
+    # What stops a run at its next safe point after a signal (the CLI's
+    # engine.run.signals.GracefulStop); None: nothing does.
+    _stop = None
 
     def __init__(
         self,
@@ -143,7 +157,7 @@ class Trainer:
         model: str | Callable = "mlp",
         optimizer: str | Callable = "adam",
         learning_rate: float | None = None,
-        lr_schedule="constant",
+        lr_schedule: str | LearningRateSchedule | Callable[[int], float] = "constant",
         warmup_epochs: float = 0.0,
         clip_norm: float | None = None,
         label_smoothing: float = 0.0,
@@ -151,7 +165,7 @@ class Trainer:
         metrics_top_k: int | None = None,
         accumulate: int = 1,
         init_weights: str | None = None,
-        loss=None,
+        loss: keras.losses.Loss | Callable | None = None,
         from_logits: bool = False,
         data: sources.Source | None = None,
         batch_size: int = 64,
@@ -160,10 +174,10 @@ class Trainer:
         reducer: str | Callable = "central",
         variables: str = "reduce-device",
         reduce_device: str | None = None,
-        group_size: int = 2,
+        group_size: int | None = None,
         pack_bytes: int = 0,
         compress: str | None = None,
-        topology=None,
+        topology: str | Topology | None = None,
         mixed_precision: bool | str = False,
         xla: bool | None = None,
         seed: int = 0,
@@ -177,7 +191,6 @@ class Trainer:
         check_reducer: bool = False,
         log_device_placement: bool = False,
         stream: TextIO | None = None,
-        resume_hint: str = "fit(..., resume=True)",
     ):
         from engine.core import schedules
         from engine.core.options import ModelOptions
@@ -188,7 +201,6 @@ class Trainer:
         self.init_weights = init_weights
         if init_weights is not None:
             weights.check_path(init_weights)
-        self.resume_hint = resume_hint
         self.check_reducer = check_reducer
         self.stop_training = False
         if not isinstance(devices, str):
@@ -236,12 +248,13 @@ class Trainer:
             deterministic=deterministic, log_device_placement=log_device_placement,
             collective_towers=(devs.expected_tower_count(request)
                                if reducer_options.builtin == "collective" else None),
-            say=self._say, warn=self.warn, advice=self.resume_advice,
+            say=self._say, warn=self._warn, advice=self._resume_advice,
         )
         self.placement, self.watchdog = session.placement, session.watchdog
         self.info = info or source.inspect(self._say)
         towers = len(self.placement.towers)
         setup.check_data_fits(self.info, towers, batch_size, accumulate)
+        setup.check_groups(reducer_options, towers)
         self.cluster = cluster_options
         self.options = setup.run_options(
             self.placement, self.info, source, model, model_options, reducer_options,
@@ -267,13 +280,13 @@ class Trainer:
 
         return Voice(self.stream, verbose=verbose)
 
-    def warn(self, message: str) -> None:
+    def _warn(self, message: str) -> None:
         """Prints a one-line error about the run (a cluster task that stopped
         answering) on stderr, in Python terms."""
         sys.stdout.flush()
         print(f"error: {errors.render(message)}", file=sys.stderr, flush=True)
 
-    def resume_advice(self) -> str:
+    def _resume_advice(self) -> str:
         """Where the run can go on from, for messages about a lost cluster."""
         import tensorflow as tf
 
@@ -282,7 +295,7 @@ class Trainer:
         if latest is None:
             return "no checkpoint was saved" + ("" if directory else " (no <checkpoint_dir>)")
         return (f"the last checkpoint is {latest}; once every worker is up again, resume "
-                f"with: {self.resume_hint}")
+                f"with: {self._resume_hint}")
 
     def fit(
         self,
@@ -305,9 +318,8 @@ class Trainer:
         skip_nonfinite: bool = False,
         check_replicas: int = 0,
         verbose: int = 1,
-        callbacks=(),
+        callbacks: Sequence[Callback] = (),
         placement_summary: bool = False,
-        stop=None,
     ) -> list[dict]:
         """Trains until `epochs` epochs are done in all (a resumed or continued
         run counts the epochs it had), evaluating after each.
@@ -358,8 +370,6 @@ class Trainer:
             where the ops ran and what crossed devices at the end (the CLI
             does); `towers.placement.summary(towers.placement.load(path))`
             gives it later.
-          stop: an engine.run.signals.GracefulStop that stops the run at the
-            next safe point after a signal.
 
         Returns:
           One record per epoch trained here: loss, accuracy, eval_loss,
@@ -374,7 +384,6 @@ class Trainer:
           RunError: the run could not go on (a subclass names why:
             NonFiniteError, StrayPlacementError, TransferBudgetError,
             ReplicaDriftError, CheckpointError).
-          StopRequested: `stop` saw a signal (after a checkpoint was saved).
         """
         from engine.run import choices
         from engine.run import train as train_lib
@@ -409,14 +418,14 @@ class Trainer:
         watcher.begin()
         try:
             history = train_lib.train(
-                self.placement, options, self.info, self.stream, stop, self.watchdog,
+                self.placement, options, self.info, self.stream, self._stop, self.watchdog,
                 self.built, voice=self._voice(verbose), verbose=verbose, watchers=(watcher,),
                 placement_summary=placement_summary,
             )
         except OutputError as err:  # how to go on, in the caller's terms
             if err.checkpoint is None:
                 raise
-            raise type(err)(f"{err.message}, then resume with: {self.resume_hint}",
+            raise type(err)(f"{err.message}, then resume with: {self._resume_hint}",
                             err.checkpoint) from None
         watcher.end(history)
         return history
@@ -474,6 +483,9 @@ class Trainer:
     def evaluate(self, steps: int | None = None) -> dict[str, float]:
         """One pass over the held-out set (or `steps` batches per tower).
 
+        Args:
+          steps: batches per tower; default: the whole held-out set.
+
         Returns:
           eval_loss, eval_accuracy and eval_samples (and with top-k,
           `eval_top5_accuracy` for k=5).
@@ -517,5 +529,6 @@ class Trainer:
                                       self.init_weights, options.model.model_name)
             self._say(f"initial weights: {self.init_weights} ({count} variables)")
         if self.check_reducer:
-            setup.check_reducer(self.built.step, self.placement, options.reducer.compress)
+            self._say(setup.check_reducer(self.built.step, self.placement,
+                                          options.reducer.compress))
 

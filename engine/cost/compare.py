@@ -42,6 +42,10 @@ class Row:
 def bus_factor(towers: int, all_reduce: bool) -> float:
     """nccl-tests' factor from algbw to busbw.
 
+    Args:
+      towers: devices taking part.
+      all_reduce: an all-reduce (every device gets the result), not a reduce.
+
     Returns:
       2(n-1)/n for an all-reduce of `towers` (`all_reduce`), 1 for a reduce.
     """
@@ -50,6 +54,9 @@ def bus_factor(towers: int, all_reduce: bool) -> float:
 
 def towers_of(topology: Topology) -> list[str]:
     """The default towers on a topology.
+
+    Args:
+      topology: the machine described.
 
     Returns:
       Its GPUs, or every device when it has none.
@@ -101,6 +108,9 @@ def predict_rows(reducers: Mapping[str, Callable], topology: Topology, towers: S
 
 def fastest(rows: Sequence[Row]) -> dict[int, str]:
     """The reducer predicted fastest for each size.
+
+    Args:
+      rows: predictions, as `compare` gives them.
 
     Returns:
       {tensor bytes: reducer name}, by size.

@@ -70,7 +70,11 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Tasks in an order in which each comes after the tasks it waits for."""
+    """Tasks in an order in which each comes after the tasks it waits for.
+
+    Attributes:
+      tasks: the tasks, in that order.
+    """
 
     tasks: tuple[Task, ...]
 
@@ -94,7 +98,11 @@ class Schedule:
 
     def renamed(self, names: Mapping[str, str]) -> Schedule:
         """The same schedule with devices renamed (`/cpu:3` -> `/gpu:3`);
-        devices not in `names` keep theirs."""
+        devices not in `names` keep theirs.
+
+        Args:
+          names: old device name -> new.
+        """
         return Schedule(tuple(
             dataclasses.replace(t, src=names.get(t.src, t.src), dst=names.get(t.dst, t.dst))
             for t in self.tasks

@@ -280,6 +280,9 @@ def loads(text: str, origin: str = "topology") -> Topology:
 def load(path: str) -> Topology:
     """The topology in the file `path`, or the built-in of that name (builtin_names()).
 
+    Args:
+      path: a topology file (`tower-reduce-bench --fit-links`) or a built-in's name.
+
     Returns:
       The Topology.
 
@@ -302,6 +305,9 @@ def load(path: str) -> Topology:
 
 def dump(topology: Topology) -> str:
     """`topology` as JSON that `loads` reads back.
+
+    Args:
+      topology: the topology to write.
 
     Returns:
       The text, one link per ordered pair.

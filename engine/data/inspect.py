@@ -130,6 +130,7 @@ def inspect(path: str | None, data_format: str = "auto",
     val = os.path.join(path, "val")
     val = val if os.path.isdir(val) else None
     fmt = _detect(train) if data_format == "auto" else data_format
+    _check_format(train, fmt)
     if fmt == "caffe2":
         return _lmdb_info(train, val, meta)
     if fmt == "tfrecord":
@@ -165,6 +166,24 @@ def _described(info: DatasetInfo, meta: dict) -> DatasetInfo:
         image_shape=tuple(shape) if shape else info.image_shape,
         augment=bool(meta.get("augment", info.augment)),
     )
+
+
+# How messages name what a split holds, by the format that reads it.
+_HOLDS = {"caffe2": "an LMDB database (data.mdb)", "tfrecord": "TFRecord files",
+          "folder": "class sub-folders", "jpeg": "class sub-folders"}
+
+
+def _check_format(train: str, fmt: str) -> None:
+    """A split that holds another format than the one asked for: said, with
+    the format that reads it."""
+    try:
+        found = _detect(train)
+    except DataError:
+        return  # holds none: the format's own check says what is missing
+    if _HOLDS[found] != _HOLDS[fmt]:
+        raise DataError(f"<path>: {train!r} holds {_HOLDS[found]}, which <format={fmt}> does "
+                        f"not read (it reads {_HOLDS[fmt]}); give <format={found}> (or "
+                        "<format=auto>)")
 
 
 def _detect(train: str) -> str:

@@ -148,7 +148,8 @@ class Auto:
                     out[d][v] = result
         return out
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int] | None:
         """The traffic of the candidate chosen for one float32 gradient of `nbytes`."""
         name = self.choose(nbytes // 4, tf.float32, devices, destinations)
         figure = getattr(self.candidates[name], "traffic", None)

@@ -7,6 +7,7 @@ destination that is not itself.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -35,7 +36,8 @@ class Central:
                 for d in destinations
             ]
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int]:
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int]:
         """Bytes each device sends in one call on float32 gradients of `nbytes`:
         the gradient from every tower but the reduce device, the mean from the
         reduce device to every destination but itself."""

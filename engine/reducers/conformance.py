@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +62,9 @@ from engine.reducers.base import Reducer
 from engine.reducers.conformance_checks import exact_mean_factor
 from engine.reducers.stateful import stateful_part
 from engine.topology.devices import Placement, Tower, canonical
+
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = [
     "CHECKS", "CheckResult", "PerPlacement", "ReducerTestBase", "assert_all_passed",
@@ -295,7 +299,11 @@ class ReducerTestBase:
     examples = 12
 
     def make_reducer(self, placement: Placement) -> Reducer:
-        """Your reducer, for towers on `placement.devices`."""
+        """Your reducer, for towers on `placement.devices`.
+
+        Args:
+          placement: the towers and reduce device of the case under test.
+        """
         raise NotImplementedError(
             f"{type(self).__name__}.make_reducer(placement) is not defined; "
             "override it to return the reducer under test"
@@ -307,12 +315,16 @@ class ReducerTestBase:
             return list(self.devices)
         return [canonical(d.name) for d in tf.config.list_logical_devices("CPU")]
 
-    def pytest_generate_tests(self, metafunc) -> None:
-        """pytest's hook: one test_mean_on_every_tower_count per tower count."""
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """pytest's hook: one test_mean_on_every_tower_count per tower count.
+
+        Args:
+          metafunc: pytest's, for the test being collected.
+        """
         if "num_towers" in metafunc.fixturenames:
             metafunc.parametrize("num_towers", range(1, len(self.tower_devices()) + 1))
 
-    def test_mean_on_every_tower_count(self, num_towers):
+    def test_mean_on_every_tower_count(self, num_towers: int) -> None:
         rows = check(PerPlacement(self.make_reducer), self.tower_devices(),
                      reduce_device=self.reduce_device, tower_counts=[num_towers],
                      dtypes=(tf.float32,), seed=num_towers)

@@ -89,7 +89,8 @@ class ErrorFeedback(StatefulReducer):
                         out[d].append(tf.reshape(mean, tf.shape(grads[0])))
         return out
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int] | None:
         """Bytes each device sends per call for the built context: its payload
         to every destination but itself."""
         per_tower = sum(self.payload_bytes(s, d)

@@ -61,7 +61,8 @@ class FlatReducer:
         with tf.name_scope(scopes.REDUCE):
             return reduce_flat(self.all_reduce, tower_grads, devices, destinations, self.link)
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int] | None:
         """Bytes each device sends in one call on float32 gradients of `nbytes`.
 
         None without a figure, or when some tower is no destination: then

@@ -23,6 +23,8 @@ which reads the graph, shows the averaging step's figure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from engine import scopes
@@ -93,8 +95,15 @@ class LocalSGD(StatefulReducer):
 
         tf.cond(due, average, lambda: tf.constant(False))
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int]:
-        """The call itself sends nothing."""
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int]:
+        """The call itself sends nothing (`step_bytes` is what averaging sends).
+
+        Args:
+          devices: the towers' devices, in order.
+          destinations: where the mean goes (every tower, or the reduce device).
+          nbytes: the gradient's bytes (unused: the built context knows them).
+        """
         return {}
 
     def step_bytes(self) -> int | None:

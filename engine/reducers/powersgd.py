@@ -34,6 +34,8 @@ a dense ring's 2,442,480 (2.2%).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import tensorflow as tf
 
@@ -78,7 +80,12 @@ class PowerSGD(StatefulReducer):
         self.start_after = start_after
 
     def compressed(self, shape: tf.TensorShape, dtype: tf.DType) -> tuple[int, int] | None:
-        """[n, m] when a gradient of `shape` and `dtype` is compressed, else None."""
+        """[n, m] when a gradient of `shape` and `dtype` is compressed, else None.
+
+        Args:
+          shape: the gradient's shape.
+          dtype: the gradient's dtype (float32 and float16 are compressed).
+        """
         nm = matrix_shape(shape)
         if nm is None or dtype not in COMPRESSIBLE:
             return None
@@ -174,10 +181,17 @@ class PowerSGD(StatefulReducer):
             q_index += 1
         return out
 
-    def traffic(self, devices, destinations, nbytes) -> dict[str, int] | None:
+    def traffic(self, devices: Sequence[str], destinations: Sequence[str],
+                nbytes: int) -> dict[str, int] | None:
         """Bytes each device sends per compressed call for the built context:
         a ring all-reduce of P and Q per compressed gradient, of the gradient
-        itself for the rest. None when some tower is no destination."""
+        itself for the rest. None when some tower is no destination.
+
+        Args:
+          devices: the towers' devices, in order.
+          destinations: where the mean goes (every tower, or the reduce device).
+          nbytes: the gradient's bytes (unused: the built context knows them).
+        """
         n = len(devices)
         if set(destinations) != set(devices):
             return None

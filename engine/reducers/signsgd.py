@@ -21,6 +21,8 @@ A dense ring sends 2 (N - 1) 4 sum_v s_v, so signs move about N / 64 of it:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from engine.reducers.feedback import ErrorFeedback
@@ -54,15 +56,15 @@ class SignSGD(ErrorFeedback):
     def __init__(self):
         super().__init__(name="signsgd")
 
-    def compress(self, corrected):
+    def compress(self, corrected: tf.Tensor) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:
         scale = tf.reduce_mean(tf.abs(corrected))
         packed = pack_signs(corrected)
         sent = scale * unpack_signs(packed, corrected.shape.num_elements(), corrected.dtype)
         return (packed, scale), sent
 
-    def decompress(self, payloads, size):
+    def decompress(self, payloads: Sequence[tuple[tf.Tensor, ...]], size: int) -> tf.Tensor:
         dtype = payloads[0][1].dtype
         return tf.add_n([scale * unpack_signs(packed, size, dtype) for packed, scale in payloads])
 
-    def payload_bytes(self, shape, dtype):
+    def payload_bytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int:
         return -(-shape.num_elements() // 8) + dtype.size

@@ -74,7 +74,12 @@ class ReducerContext:
         """Bytes of each gradient."""
         return [s.num_elements() * d.size for s, d in zip(self.shapes, self.dtypes)]
 
-    def replace(self, **changes) -> ReducerContext:
+    def replace(self, **changes: object) -> ReducerContext:
+        """A copy with `changes` (field -> value), as `dataclasses.replace`.
+
+        Args:
+          **changes: the fields to change and their new values.
+        """
         return dataclasses.replace(self, **changes)
 
 
@@ -85,6 +90,9 @@ class StatefulReducer(tf.Module):
     destinations)` (module docstring). Set `lossy = True` when one call
     returns only an approximation of the mean (compression); its error
     feedback is then checked over several steps instead.
+
+    Args:
+      name: the tf.Module's name (its variables' name scope).
     """
 
     lossy = False
@@ -94,7 +102,11 @@ class StatefulReducer(tf.Module):
         self.context: ReducerContext | None = None
 
     def build(self, context: ReducerContext) -> None:
-        """Creates the state for `context`; may be called again to start afresh."""
+        """Creates the state for `context`; may be called again to start afresh.
+
+        Args:
+          context: the towers, the gradients' shapes and the variables.
+        """
         raise NotImplementedError(f"{type(self).__name__}.build(context) is not defined")
 
     def __call__(self, tower_grads, devices, destinations):

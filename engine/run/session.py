@@ -111,6 +111,11 @@ def open_session(
     if cluster is not None:
         watchdog = watch_cluster(cluster, step_timeout, say, warn, advice)
     placement = splits.configure(request, connector(cluster, watchdog))
+    if request.towers is None and cluster is None and all(
+            t.gpu_index is None for t in placement.towers):
+        n = len(placement.towers)
+        say(f"devices 'all': TensorFlow sees no GPU here, so {n} CPU tower{'s' * (n != 1)}, "
+            "one per core ('cpu:N' sets another count)")
     return Session(placement=placement, cluster=cluster, watchdog=watchdog)
 
 

@@ -208,6 +208,12 @@ def _parse_towers(spec: str, reduce_device: str | None) -> DeviceRequest:
             name = f"/gpu:{int(item)}"
         else:
             name = canonical(item)
+        if name is None and _SPLIT.match(item):
+            raise DeviceError(
+                f"<devices> {spec!r}: {item!r} splits a device into logical ones and "
+                f"stands alone; give it once ({item!r}), or list devices by name "
+                "(/cpu:0,/cpu:1)"
+            )
         if name is None:
             raise DeviceError(
                 f"<devices> {spec!r}: {item!r} is not a GPU index or a device "

@@ -4,13 +4,15 @@ TensorFlow import."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import click
 
 from engine.errors import RunError, TowerError, render
 
 __all__ = ["GroupedCommand", "OneLineCommand", "OneLineGroup", "UsageFailure", "check_output_dir",
-           "check_output_path", "fail", "flags_of", "import_tensorflow", "render", "version"]
+           "check_output_path", "fail", "flags_of", "import_tensorflow", "option_groups", "program",
+           "refuse_repeats", "render", "version"]
 
 
 class UsageFailure(Exception):
@@ -24,13 +26,39 @@ def version() -> str:
     return __version__
 
 
+def program(name: str) -> str:
+    """How to run the command `name` again from here, for the commands a
+    message prints: `name` where the shell finds this very program by it
+    (an activated environment), else the path it was run by
+    (`.venv/bin/tower-train`), shortened to the working folder."""
+    import os
+    import shutil
+
+    ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == name else None
+    if ran is None:
+        return name
+    found = shutil.which(name)
+    if found and os.path.realpath(found) == os.path.realpath(ran):
+        return name
+    relative = os.path.relpath(ran)
+    if relative.startswith(".."):
+        return os.path.abspath(ran)
+    return relative if os.sep in relative else os.path.join(".", relative)
+
+
 def fail(prog: str, message: str, code: int = 2) -> None:
     click.echo(f"{prog}: error: {message}", err=True)
     sys.exit(code)
 
 
 class OneLineErrors:
-    """Mixin for click commands and groups: usage errors are one line, exit 2."""
+    """Mixin for click commands and groups: usage errors are one line, exit 2;
+    `-h` is `--help` (for their subcommands too)."""
+
+    def __init__(self, *args, **kwargs):
+        settings = kwargs.setdefault("context_settings", {})
+        settings.setdefault("help_option_names", ["-h", "--help"])
+        super().__init__(*args, **kwargs)
 
     def main(self, args=None, **kwargs):
         try:
@@ -64,8 +92,57 @@ def flags_of(command: click.Command, **synonyms: str) -> dict[str, str]:
     return {**flags, **synonyms}
 
 
+def option_groups(command: click.Command, ctx: click.Context
+                  ) -> list[tuple[str, list[tuple[str, str]]]]:
+    """A command's options as `--help` lists them: (title, [(flags, help)])
+    per group, in order. A `GroupedCommand` has its sections (and "Other"
+    for the rest); any other command one group, "Options". The docs' command
+    reference is made from this too."""
+    help_option = command.get_help_option(ctx)
+    records = {("help" if param is help_option else param.name): param.get_help_record(ctx)
+               for param in command.get_params(ctx) if isinstance(param, click.Option)}
+    sections = getattr(command, "sections", None) or {"Options": list(records)}
+    placed = {name for names in sections.values() for name in names}
+    groups = [*sections.items(), ("Other", [name for name in records if name not in placed])]
+    return [(title, rows) for title, names in groups
+            if (rows := [records[name] for name in names if records.get(name)])]
+
+
+def refuse_repeats(command: click.Command, args: Sequence[str]) -> None:
+    """An option given twice on one command line (click would keep the last
+    silently) is refused, naming both values: `--batch-size 64 ...
+    --batch-size 128` is a mistake more often than an override.
+
+    Raises:
+      click.UsageError: the option and its values.
+    """
+    by_flag = {flag: param for param in command.params
+               if isinstance(param, click.Option) and not param.multiple and not param.count
+               for flag in (*param.opts, *param.secondary_opts)}
+    seen: dict[str, tuple[str, str]] = {}
+    tokens = list(args)
+    for k, token in enumerate(tokens):
+        if token == "--":
+            break
+        flag, _, inline = token.partition("=")
+        param = by_flag.get(flag)
+        if param is None:
+            continue
+        takes_value = not param.is_flag and not (param.flag_value is not None and (
+            k + 1 == len(tokens) or tokens[k + 1].startswith("-")))
+        value = inline or (tokens[k + 1] if takes_value and not inline and k + 1 < len(tokens)
+                           else "")
+        said = f"{flag} {value}".strip()
+        if param.name in seen:
+            once = f"give {flag} once" if seen[param.name][1] == flag else "give one of them"
+            raise click.UsageError(f"{seen[param.name][0]} and {said} are both given; {once}")
+        seen[param.name] = (said, flag)
+
+
 class OneLineCommand(OneLineErrors, click.Command):
-    pass
+    def parse_args(self, ctx, args):
+        refuse_repeats(self, args)
+        return super().parse_args(ctx, args)
 
 
 class GroupedCommand(OneLineCommand):
@@ -81,17 +158,9 @@ class GroupedCommand(OneLineCommand):
         self.sections = sections
 
     def format_options(self, ctx, formatter) -> None:
-        help_option = self.get_help_option(ctx)
-        records = {("help" if param is help_option else param.name):
-                   param.get_help_record(ctx) for param in self.get_params(ctx)}
-        placed = {name for names in self.sections.values() for name in names}
-        groups = [(title, names) for title, names in self.sections.items()]
-        groups.append(("Other", [name for name in records if name not in placed]))
-        for title, names in groups:
-            rows = [records[name] for name in names if records.get(name)]
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
+        for title, rows in option_groups(self, ctx):
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 class OneLineGroup(OneLineErrors, click.Group):

@@ -59,7 +59,6 @@ tower_compare = common.OneLineCommand(
     help="Train one workload once per --reducer and seed (same weights, same batches) "
          "and compare them: held-out accuracy against epochs, bytes sent and the time "
          "the cost model predicts on each --topology.",
-    context_settings={"help_option_names": ["-h", "--help"]},
     params=[
         click.Option(["--reducer", "reducers"], multiple=True, required=True, metavar="SPEC",
                      help="A reducer to compare; give it once per reducer: central, ring, "
@@ -79,7 +78,8 @@ tower_compare = common.OneLineCommand(
                      help="Folder for study.json, table.txt, study.png and every run's "
                           "files; given again with the same workload, finished runs are "
                           "kept and an unfinished one resumes."),
-        click.Option(["--epochs"], default=3, show_default=True, type=int),
+        click.Option(["--epochs"], default=3, show_default=True, type=int,
+                     help="Epochs each reducer's run trains (every run the same)."),
         *_workload_options(),
     ],
 )

@@ -49,7 +49,9 @@ def _check_output(output: str, suffixes: tuple[str, ...], fix: str) -> None:
 
 # Which captured step a command reads.
 _STEP = click.option("--step", default="train", show_default=True,
-                     type=click.Choice(["train", "eval"]))
+                     type=click.Choice(["train", "eval"]),
+                     help="Which captured step to read: the training step or the evaluation "
+                     "step.")
 
 
 @click.group(name="tower-placement", cls=OneLineGroup)

@@ -291,7 +291,8 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
               "Default cpu:4; cpu:8 with --check; with --predict, the topology's GPUs "
               "(or all its devices), or a comma list of its device names.")
 @click.option("--reduce-device", default=None,
-              help="Default /cpu:0; with --check, the last device.")
+              help="Where gradients meet; default: as tower-train's (the first GPU "
+              "when every tower is a GPU, else /cpu:0).")
 @click.option("--check", default=None, metavar="SPEC",
               help="Run the conformance checks on one reducer instead of timing: "
               "a built-in or package.module:function. Exit code 1 if any fails.")
@@ -317,10 +318,14 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
               type=click.Choice(["replicated", "reduce-device"]),
               help="replicated: every tower needs the mean (an all-reduce); "
               "reduce-device: only the reduce device does.")
-@click.option("--group-size", default=2, show_default=True, type=int)
-@click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]))
-@click.option("--repeats", default=20, show_default=True, type=int)
-@click.option("--warmup", default=3, show_default=True, type=int)
+@click.option("--group-size", default=2, show_default=True, type=int,
+              help="Towers per group for the hierarchical reducer.")
+@click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]),
+              help="Move gradients in this dtype (as tower-train --compress).")
+@click.option("--repeats", default=20, show_default=True, type=int,
+              help="Timed reductions per reducer and size; the median is reported.")
+@click.option("--warmup", default=3, show_default=True, type=int,
+              help="Untimed reductions first (graph building, first transfers).")
 @click.option("--fit-links", default=None, metavar="FILE",
               help="Measure every device and every ordered pair's link instead of "
               "timing reducers (1 KB to 64 MB), and write them as a topology file.")
@@ -400,9 +405,8 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
         warn=lambda line: click.echo(f"tower-reduce-bench: error: {line}", err=True),
     ).placement
     if check is not None:
-        # By default the last device: a tower only when every device is one.
-        last_or_given = placement.reduce_device if reduce_device else placement.devices[-1]
-        sys.exit(run_check(check, placement, last_or_given, group_size, compress))
+        # The reduce device training would use (the same default).
+        sys.exit(run_check(check, placement, placement.reduce_device, group_size, compress))
     if fit_links:
         fitted = cost_tables.fit_links(placement, cluster_options, fit_links)
         _write_json(json_path, {"errors": fitted.errors, "seconds": fitted.seconds})

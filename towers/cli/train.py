@@ -23,8 +23,7 @@ from towers.cli.train_flags import SECTIONS, options
 from towers.trainer import Trainer
 
 
-@click.command(name="tower-train", cls=GroupedCommand, sections=SECTIONS,
-               context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="tower-train", cls=GroupedCommand, sections=SECTIONS)
 @options
 @click.version_option(common.version(), "--version", prog_name="tower-train",
                       message="%(prog)s %(version)s")
@@ -153,7 +152,7 @@ def _trainer(arguments: dict) -> Trainer:
         # The Trainer loads user code while it checks its arguments, and user
         # code imports TensorFlow: import it quietly first.
         common.import_tensorflow()
-    return CliTrainer(**arguments, resume_hint=resume_command())
+    return CliTrainer(**arguments)
 
 
 def _names_user_code(arguments: dict) -> bool:
@@ -165,6 +164,10 @@ def _names_user_code(arguments: dict) -> bool:
 
 class CliTrainer(Trainer):
     """A Trainer whose messages go to the terminal as tower-train's, in flags."""
+
+    @property
+    def _resume_hint(self) -> str:
+        return resume_command()
 
     def _before_tensorflow(self) -> None:
         # Bad arguments are refused in a fraction of a second, before the
@@ -181,7 +184,7 @@ class CliTrainer(Trainer):
     def _voice(self, verbose: int):
         return CliVoice(self.stream, lambda message: common.render(message, FLAGS), verbose)
 
-    def warn(self, message: str) -> None:
+    def _warn(self, message: str) -> None:
         sys.stdout.flush()
         click.echo(f"tower-train: error: {common.render(message, FLAGS)}", err=True)
         sys.stderr.flush()
@@ -216,10 +219,19 @@ def _supervise(flags: dict, max_restarts: int) -> int:
                            "STEPS for checkpoints within an epoch)")
     args = _without_max_restarts(sys.argv[1:])
     return supervise.supervise(
-        [sys.executable, "-m", "towers.cli.train", *args], max_restarts=max_restarts,
+        [sys.executable, *_this_program(), *args], max_restarts=max_restarts,
         cluster=cluster if cluster is not None and cluster.remote_tasks() else None,
         checkpoint_dir=flags["checkpoint_dir"], resume_hint=resume_command(),
         say=lambda line: click.echo(f"tower-train: {line}", err=line.startswith("error:")))
+
+
+def _this_program() -> list[str]:
+    """This command as Python runs it again: its own script (so that the
+    child's messages name it as the user called it), else the module."""
+    ran = sys.argv[0] if sys.argv else ""
+    if os.path.basename(ran) == "tower-train" and os.path.isfile(ran):
+        return [ran]
+    return ["-m", "towers.cli.train"]
 
 
 def _without_max_restarts(args: list[str]) -> list[str]:
@@ -258,7 +270,8 @@ def _fit(trainer, arguments: dict) -> None:
     try:
         with GracefulStop(say=lambda m: click.echo(
                 f"tower-train: {common.render(m, FLAGS)}", err=True)) as stop:
-            trainer.fit(**arguments, stop=stop, placement_summary=True, callbacks=[last])
+            trainer._stop = stop
+            trainer.fit(**arguments, placement_summary=True, callbacks=[last])
     except StopRequested as stopped:
         if stopped.checkpoint:
             where = (f"checkpoint saved: {stopped.checkpoint}; resume with: "
@@ -287,7 +300,7 @@ def _fit(trainer, arguments: dict) -> None:
             if down:
                 _lost(down, last)
                 common.fail("tower-train", f"lost {'; '.join(down)}; "
-                            f"{common.render(trainer.resume_advice(), FLAGS)}", 1)
+                            f"{common.render(trainer._resume_advice(), FLAGS)}", 1)
             if isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
                 # Every task answers again (a worker under --restart-on-exit
                 # is back already), but the run lost one: its state is gone.
@@ -357,9 +370,10 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def resume_command(*extra: str) -> str:
-    """The command line that was run, with --resume (and `extra` flags)."""
+    """The command line that was run, with --resume (and `extra` flags),
+    beginning with the program as it was called (common.program)."""
     args = [a for a in sys.argv[1:] if a not in ("--resume", *extra)]
-    return shlex.join(["tower-train", *args, "--resume", *extra])
+    return shlex.join([common.program("tower-train"), *args, "--resume", *extra])
 
 
 FLAGS = common.flags_of(tower_train, data="--data", path="--data", format="--data-format",

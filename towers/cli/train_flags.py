@@ -282,10 +282,10 @@ _OPTIONS = [
     ),
     click.option(
         "--group-size",
-        default=2,
-        show_default=True,
+        default=None,
         type=int,
-        help="Towers per group for --reducer hierarchical.",
+        help="Towers per group for --reducer hierarchical (default 2), at most the "
+        "towers.",
     ),
     click.option(
         "--pack-bytes",
@@ -381,11 +381,11 @@ _OPTIONS = [
         is_flag=False,
         flag_value="auto",
         default=None,
-        metavar="[float16|bfloat16]",
+        metavar="[auto|float16|bfloat16]",
         type=click.Choice(["auto", "float16", "bfloat16"]),
-        help="Compute in float16 on GPU towers (with dynamic loss scaling) and "
-        "bfloat16 on CPU towers, or in the dtype named (bfloat16 needs no loss "
-        "scaling); variables and the loss stay float32.",
+        help="Alone or 'auto': compute in float16 on GPU towers (with dynamic loss "
+        "scaling) and bfloat16 on CPU towers; or in the dtype named (bfloat16 needs no "
+        "loss scaling). Variables and the loss stay float32.",
     ),
     click.option(
         "--logdir",

@@ -123,6 +123,10 @@ def builder(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
     functions get those arguments when they declare them, and must return a
     built (or buildable) keras.Model.
 
+    Args:
+      model: a zoo name (`towers.models.names()`), `"package.module:function"`,
+        or a function.
+
     Raises:
       ModelError: as `resolve`; when called, a function that returns
         something other than a keras.Model.
@@ -156,13 +160,20 @@ def builder(model: str | Callable[..., keras.Model]) -> Callable[..., keras.Mode
 
 def model_name(model: str | Callable[..., keras.Model]) -> str:
     """How checkpoints and messages name `model`: the name or spec as given,
-    else the function's label."""
+    else the function's label.
+
+    Args:
+      model: as `builder` takes it.
+    """
     return model if isinstance(model, str) else label(model)
 
 
 def input_kind(model: str | Callable[..., keras.Model]) -> str | None:
     """What `model` reads, `"images"` or `"sequences"`, for the zoo's models
     (their function's `reads`); None when it does not say (a user's model).
+
+    Args:
+      model: as `builder` takes it.
 
     Raises:
       ModelError: as `resolve`.
@@ -173,6 +184,9 @@ def input_kind(model: str | Callable[..., keras.Model]) -> str | None:
 def default_input_shape(model: str | Callable[..., keras.Model]) -> tuple[int, int, int] | None:
     """The (height, width, channels) `model` is made for, or None when any
     shape does (its function's `default_input_shape`).
+
+    Args:
+      model: as `builder` takes it.
 
     Raises:
       ModelError: as `resolve`.

@@ -8,6 +8,7 @@ data pipeline decodes to for it unless `image_size` says otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
@@ -25,7 +26,7 @@ def _conv_bn(x, filters: int, strides: int = 1, *, relu: bool = True, kernel: in
     return keras.layers.ReLU()(x) if relu else x
 
 
-def resnet20(input_shape=(32, 32, 3), num_classes: int = 10) -> keras.Model:
+def resnet20(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10) -> keras.Model:
     """ResNet-20 of He et al. 2016 (section 4.2, CIFAR-10): about 0.27M parameters.
 
     A 3x3 convolution with 16 filters, then three stages of three basic blocks
@@ -33,6 +34,13 @@ def resnet20(input_shape=(32, 32, 3), num_classes: int = 10) -> keras.Model:
     third stages starting with stride 2; global average pooling and a softmax.
     Where a stage halves the size, the shortcut is a 1x1 convolution with
     stride 2 (the paper's option B).
+
+    Args:
+      input_shape: one image's (height, width, channels).
+      num_classes: outputs of the softmax.
+
+    Returns:
+      The keras.Model, its outputs probabilities.
     """
     import keras
 
@@ -51,9 +59,17 @@ def resnet20(input_shape=(32, 32, 3), num_classes: int = 10) -> keras.Model:
                        name="resnet20")
 
 
-def resnet50(input_shape=(224, 224, 3), num_classes: int = 1000) -> keras.Model:
+def resnet50(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000) -> keras.Model:
     """ResNet-50 (He et al. 2015), Keras' architecture without pretrained
-    weights: 25.6M parameters at 1000 classes, 4.1 GFLOPs per 224x224 image."""
+    weights: 25.6M parameters at 1000 classes, 4.1 GFLOPs per 224x224 image.
+
+    Args:
+      input_shape: one image's (height, width, channels).
+      num_classes: outputs of the softmax.
+
+    Returns:
+      The keras.Model, its outputs probabilities.
+    """
     import keras
 
     base = keras.applications.ResNet50(

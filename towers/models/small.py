@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
@@ -10,8 +11,17 @@ if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
 __all__ = ["lenet", "mlp"]
 
 
-def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
-    """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP."""
+def mlp(input_shape: Sequence[int], num_classes: int, dropout: float = 0.2) -> keras.Model:
+    """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP.
+
+    Args:
+      input_shape: one sample's shape, (28, 28, 1) for MNIST.
+      num_classes: outputs of the softmax.
+      dropout: the fraction of the hidden layer dropped in training.
+
+    Returns:
+      The keras.Model, its outputs probabilities.
+    """
     import keras
 
     layers = [
@@ -25,8 +35,16 @@ def mlp(input_shape, num_classes, dropout: float = 0.2) -> keras.Model:
     return keras.Sequential(layers, name="mlp")
 
 
-def lenet(input_shape, num_classes) -> keras.Model:
-    """LeNet-5: two 5x5 convolutions with max pooling, then 120-84-classes."""
+def lenet(input_shape: Sequence[int], num_classes: int) -> keras.Model:
+    """LeNet-5: two 5x5 convolutions with max pooling, then 120-84-classes.
+
+    Args:
+      input_shape: one image's (height, width, channels).
+      num_classes: outputs of the softmax.
+
+    Returns:
+      The keras.Model, its outputs probabilities.
+    """
     import keras
 
     return keras.Sequential(

@@ -53,6 +53,9 @@ class Scale:
     def parse(cls, spec: str | Scale) -> Scale:
         """`NAME:TOWERS` or `NAME:TOWERS:COMPUTE_MS` (`2x8-ethernet-100g:16`).
 
+        Args:
+          spec: the text, or a Scale (returned as it is).
+
         Raises:
           UsageError: a spec of another shape, naming it.
         """

@@ -20,6 +20,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from engine.errors import UsageError
 from towers.study.scales import Scale
@@ -292,8 +293,8 @@ def compare(
     steps_per_epoch: int | None = None,
     eval_steps: int | None = None,
     verbose: int = 1,
-    stream=None,
-    **trainer,
+    stream: TextIO | None = None,
+    **trainer: object,
 ) -> Study:
     """Trains one workload once per reducer and seed, and compares them.
 
