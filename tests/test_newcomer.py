@@ -90,6 +90,9 @@ def test_the_resume_command_starts_as_the_program_was_called(argv0, on_path, exp
     monkeypatch.setattr(sys, "argv", [argv0.format(bin=BIN), "--devices", "cpu:2"])
     monkeypatch.setenv("PATH", BIN if on_path else "/usr/bin:/bin")
     assert common.program("tower-train") == expected
+    # A sibling command, as a message names it (the placement log's summary).
+    assert common.program("tower-placement") == expected.replace("tower-train",
+                                                                   "tower-placement")
 
 
 @pytest.mark.slow  # two processes that start TensorFlow

@@ -373,7 +373,18 @@ def test_trace_command_writes_a_chrome_trace_of_the_real_step(logs):
 
 
 def test_summary_has_the_step_analysis_memory_and_reasons(logs):
-    out = logs[2][0].stdout
+    # The run prints the short summary and how to print the rest.
+    short = logs[2][0].stdout
+    path = str(logs["tmp"] / "cpu2.jsonl")
+    assert "  ops that ran elsewhere than asked: 7\n" in short
+    assert "step analysis" not in short and "peak memory" not in short
+    assert ("placement log: why ops moved, peak memory and the step's critical path: "
+            f".venv/bin/tower-placement summary {path} --full\n") in short
+    full = run_cli("tower-placement", "summary", path, "--full")
+    assert full.returncode == 0, full.stderr
+    out = full.stdout
+    assert out.startswith(run_cli("tower-placement", "summary", path).stdout.split(
+        "  ops that ran elsewhere")[0])
     assert "step analysis (one profiled train call, step, " in out
     assert "critical path:" in out and "longest ops per device:" in out
     assert "peak memory per device" in out

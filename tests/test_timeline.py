@@ -128,7 +128,7 @@ def test_the_large_matmul_is_the_longest_op_and_on_the_critical_path(timed):
     busy = by_device["/cpu:1"].busy_us
     assert 0 < busy <= found.wall_us and by_device["/cpu:1"].idle_us == pytest.approx(
         found.wall_us - busy, abs=1e-3)
-    text = placement_text.summary(timed)
+    text = placement_text.summary(timed, full=True)
     # The kernel's type is oneDNN's _MklMatMul where TensorFlow uses oneDNN.
     kind = by_device["/cpu:1"].longest[0]["op"]
     assert kind in ("MatMul", "_MklMatMul")
@@ -147,7 +147,7 @@ def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
     assert peaks["/cpu:0"]["peak_bytes"] == pytest.approx(4 * ROWS * COLS, abs=4 * COLS)
     counters = [e for e in placement_trace.chrome_trace(timed)["traceEvents"] if e["ph"] == "C"]
     assert max(e["args"]["bytes"] for e in counters) == peaks["/cpu:1"]["peak_bytes"]
-    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in placement_text.summary(timed)
+    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in placement_text.summary(timed, full=True)
 
 
 def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
@@ -218,7 +218,7 @@ def test_reasons_name_the_variable_an_op_was_colocated_with():
     assert colocated["reason"].startswith("colocated with variable w on /cpu:0")
     read = [o for o in moved.values() if o["op"] == "ReadVariableOp" and o["tower"] == 1]
     assert read and all("variable w on /cpu:0" in o["reason"] for o in read)
-    text = placement_text.summary(log.entries)
+    text = placement_text.summary(log.entries, full=True)
     assert ("2 ops of tower 1 ran on /cpu:0, not /cpu:1: colocated with variable w on "
             "/cpu:0 (a colocation constraint)") in text, text
 

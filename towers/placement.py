@@ -41,18 +41,20 @@ def load(path: str) -> list[dict]:
     return report.load(path)
 
 
-def summary(log: list[dict]) -> str:
+def summary(log: list[dict], full: bool = False) -> str:
     """The report `fit` prints at the end of a run with a placement log: ops
-    per device, bytes between devices, strays, why ops moved, peak memory and
-    the step analysis.
+    per device, bytes between devices against what they should be, strays,
+    and how many ops ran elsewhere than asked.
 
     Args:
       log: the records from `load`.
+      full: add why each op moved, the peak memory per device and the
+        profiled step's analysis (idle time, critical path, longest ops).
 
     Returns:
       The report, lines joined by newlines.
     """
-    return summary_lib.summary(log)
+    return summary_lib.summary(log, full)
 
 
 def analyse(log: list[dict], step: str = "train") -> Analysis | None:

@@ -188,3 +188,7 @@ class Voice:
     def warn(self, text: str) -> None:
         """Something the user should know that does not stop the run."""
         print(f"warning: {self.render(text)}", file=self.stream, flush=True)
+
+    def full_summary(self, log_path: str) -> str:
+        """How to print a placement log's full summary, in this voice's terms."""
+        return f"towers.placement.summary(towers.placement.load({log_path!r}), full=True)"

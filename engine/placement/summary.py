@@ -80,8 +80,10 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def summary(entries: Sequence[dict]) -> str:
-    """The end-of-run report: ops per device, traffic, expectation, strays."""
+def summary(entries: Sequence[dict], full: bool = False) -> str:
+    """The end-of-run report: ops per device, traffic against what it should
+    be, strays, and how many ops moved; `full` adds why they moved, peak
+    memory and the profiled step's analysis (critical path, longest ops)."""
     info = run_info(entries)
     lines = []
     for step in STEPS:
@@ -144,6 +146,11 @@ def summary(entries: Sequence[dict]) -> str:
             lines += [f"    {s['name']} ({s['op']}): {s['stray']}" for s in step_strays]
         else:
             lines.append("  stray ops: none")
+        if not full:
+            moved_ops = sum(1 for o in step_ops if o.get("reason"))
+            if moved_ops:
+                lines.append(f"  ops that ran elsewhere than asked: {moved_ops}")
+            continue
         lines += reason_lines(step_ops, info["towers"])
         lines += memory_lines(entries, step)
         found = analysis.analyse(entries, step)

@@ -227,6 +227,8 @@ def _report_placement(log: PlacementLog, options: TrainOptions, voice: Voice,
     notes, where it is, and where TensorBoard finds it."""
     if summary:
         voice.say(placement_summary_lib.summary(log.entries))
+        voice.say("placement log: why ops moved, peak memory and the step's critical path: "
+                  + voice.full_summary(options.placement.log_path))
     for note in log.notes:
         voice.say(f"placement log: {note}")
     voice.say(f"placement log: {options.placement.log_path}")

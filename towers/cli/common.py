@@ -27,22 +27,24 @@ def version() -> str:
 
 
 def program(name: str) -> str:
-    """How to run the command `name` again from here, for the commands a
-    message prints: `name` where the shell finds this very program by it
-    (an activated environment), else the path it was run by
-    (`.venv/bin/tower-train`), shortened to the working folder."""
+    """How to run the command `name` (this one or a sibling) from here, for
+    the commands a message prints: `name` where the shell finds it beside
+    the running one (an activated environment), else by the folder the
+    running command was called from (`.venv/bin/tower-train`), shortened to
+    the working folder."""
     import os
     import shutil
 
-    ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == name else None
-    if ran is None:
+    ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]).startswith("tower-") else ""
+    if not ran:
         return name
+    beside = os.path.join(os.path.dirname(ran), name)
     found = shutil.which(name)
-    if found and os.path.realpath(found) == os.path.realpath(ran):
+    if found and os.path.realpath(found) == os.path.realpath(beside):
         return name
-    relative = os.path.relpath(ran)
+    relative = os.path.relpath(beside)
     if relative.startswith(".."):
-        return os.path.abspath(ran)
+        return os.path.abspath(beside)
     return relative if os.sep in relative else os.path.join(".", relative)
 
 

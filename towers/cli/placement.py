@@ -61,11 +61,15 @@ def tower_placement():
 
 @tower_placement.command()
 @click.argument("log")
-def summary(log):
-    """Ops per device per tower, the transfer matrix, and stray ops."""
+@click.option("--full", is_flag=True,
+              help="Also why each op moved, peak memory per device and the profiled step's "
+              "analysis (idle time, critical path, longest ops).")
+def summary(log, full):
+    """Ops per device per tower, the transfer matrix, stray ops and how many
+    ops moved (what tower-train prints at the end)."""
     from engine.placement import summary as placement_text
 
-    click.echo(placement_text.summary(_load(log)))
+    click.echo(placement_text.summary(_load(log), full))
 
 
 @tower_placement.command()

@@ -200,6 +200,10 @@ class CliVoice(Voice):
     def warn(self, text: str) -> None:
         print(f"tower-train: warning: {self.render(text)}", file=self.stream, flush=True)
 
+    def full_summary(self, log_path: str) -> str:
+        placement = common.program("tower-placement")
+        return shlex.join([placement, "summary", log_path, "--full"])
+
 
 def _supervise(flags: dict, max_restarts: int) -> int:
     """--max-restarts N: runs this command line as a child process and
