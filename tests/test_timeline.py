@@ -147,7 +147,8 @@ def test_peak_memory_of_tower_1_is_its_two_largest_activations(timed):
     assert peaks["/cpu:0"]["peak_bytes"] == pytest.approx(4 * ROWS * COLS, abs=4 * COLS)
     counters = [e for e in placement_trace.chrome_trace(timed)["traceEvents"] if e["ph"] == "C"]
     assert max(e["args"]["bytes"] for e in counters) == peaks["/cpu:1"]["peak_bytes"]
-    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in placement_text.summary(timed, full=True)
+    full = placement_text.summary(timed, full=True)
+    assert f"/cpu:1: {peaks['/cpu:1']['peak_bytes']:,} bytes" in full
 
 
 def test_devices_whose_allocator_reported_nothing_are_named_with_why(timed):
