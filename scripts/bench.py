@@ -435,7 +435,8 @@ def chart(rows, path, title, reference):
     """Bars of each run's samples/s per workload; where the workloads count
     different samples (images and sequences), each bar is its rate over
     `reference`'s on the same workload instead, and the axis says so. A run
-    without a rate (its loss not finite) has no bar."""
+    without a rate (its loss not finite) has no bar. Returns the y axis's
+    label (None: no chart, every run failed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,7 +447,7 @@ def chart(rows, path, title, reference):
                      for r in timed})
     kinds = list(dict.fromkeys(r["kind"] for r in timed))
     if not kinds:
-        return  # every run failed: the table says why
+        return None  # every run failed: the table says why
     units = {unit_of(r) for r in timed}
     relative = len(units) > 1
     fig, ax = plt.subplots(figsize=(12, 5))
@@ -470,14 +471,24 @@ def chart(rows, path, title, reference):
     ax.set_xticklabels([f"{m}, N={n}, batch {b}" + (f", {p}" if p != "float32" else "")
                         for m, n, b, p in groups], fontsize=8)
     baseline = BASELINES.get(reference, reference)
+    label = f"samples/s relative to {baseline} (1.0)" if relative else units.pop()
     if relative:
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_ylabel(f"samples/s relative to {baseline} (1.0)")
-    else:
-        ax.set_ylabel(units.pop())
+    ax.set_ylabel(label)
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.savefig(path, bbox_inches="tight")
+    return label
+
+
+def reference_of(rows, dali_sweep: bool) -> str:
+    """The baseline the table and chart compare with, from the runs
+    themselves: in-memory data for the DALI sweep, else Keras'
+    fit(jit_compile=True) where it ran, else the recipe."""
+    if dali_sweep:
+        return "engine-memory"
+    kinds = {r["kind"] for r in rows}
+    return "keras-jit" if "keras-jit" in kinds else "mirrored"
 
 
 def chart_title(rows, reference: str, dali_sweep: bool) -> str:
@@ -485,7 +496,8 @@ def chart_title(rows, reference: str, dali_sweep: bool) -> str:
     if dali_sweep:
         return "DALI threads and prefetch against in-memory data (logical CPU devices)"
     devices = sorted({r["device_name"] for r in rows if r.get("device_name")})
-    where = f"one {', '.join(devices)}" if devices else "logical CPU devices"
+    where = (f"one {', '.join(devices)}" if devices else
+             "one GPU" if any(r.get("gpu") for r in rows) else "logical CPU devices")
     return f"tower-train against {BASELINES.get(reference, reference)} ({where})"
 
 
@@ -520,8 +532,12 @@ def find(rows, kind, model, n, batch=None, precision=None):
 
 
 def unit_of(row: dict) -> str:
-    """What a row's rate counts: sequences for text, else images."""
-    return "sequences/s" if row.get("seq_len") else "images/s"
+    """What a row's rate counts: sequences for text (a model that reads
+    them, as the zoo says), else images."""
+    from towers import models
+
+    reads = row.get("seq_len") or models.input_kind(row["model"]) == "sequences"
+    return "sequences/s" if reads else "images/s"
 
 
 def table(rows, reference: str) -> list[str]:
@@ -706,8 +722,7 @@ def main():
                 for row in json.load(open(path))["runs"]]
     else:
         rows = measure(configs)
-    reference = ("engine-memory" if args.dali_sweep else
-                 "keras-jit" if args.gpu or args.one_device else "mirrored")
+    reference = reference_of(rows, args.dali_sweep)
     lines = table(rows, reference)
     if any("profile" in r for r in rows):
         lines += ["", "profiles:", *profiles(rows)]
