@@ -229,6 +229,18 @@ def test_the_readme_is_short_and_its_links_resolve():
             assert os.path.exists(os.path.join(REPO, link)), link
 
 
+def test_the_readme_links_the_code_its_linked_pages_include():
+    """On GitHub a page shows an included file as its `--8<--` line: where
+    the README sends a reader for code, it links the file as well."""
+    text = open(README).read()
+    for page, code in (("docs/src/getting-started.md#python-api", "docs/examples/python_api.py"),
+                       ("docs/src/guides/reducers.md", "tests/user_reducers.py")):
+        assert f"]({page})" in text and f"]({code})" in text, (page, code)
+        included = open(os.path.join(REPO, page.split("#")[0])).read()
+        assert f'--8<-- "{code}' in included, (page, code)
+    assert "On\nGitHub a page shows each included file as a `--8<--` line" in text
+
+
 def test_the_readme_example_is_the_quickstart():
     text = open(README).read()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
