@@ -42,7 +42,10 @@ class Trainer:
       model: `"mlp"`, `"lenet"`, `"package.module:function"`, or a function
         of (input_shape, num_classes) returning a keras.Model.
       optimizer: `"adam"`, `"sgd"`, `"momentum"`, `"rmsprop"`, or a function
-        returning a new Keras optimizer (called once per variable copy).
+        returning a new Keras optimizer, called once per variable copy
+        (`lambda: keras.optimizers.SGD(0.1, momentum=0.9)`; an optimizer
+        object is refused: it would be shared, and made before the Trainer
+        it starts TensorFlow too early).
       learning_rate: for a named optimizer; default: its rate for a batch of
         32 scaled to the global batch (square root for adam and rmsprop,
         linearly for sgd and momentum).
@@ -193,10 +196,16 @@ class Trainer:
         stream: TextIO | None = None,
     ):
         from engine.core import schedules
-        from engine.core.options import ModelOptions
+        from engine.core.options import ModelOptions, refuse_optimizer_object
         from engine.run import session as session_lib
+        from towers import _arguments
         from towers import _setup as setup
 
+        refuse_optimizer_object(optimizer)
+        _arguments.check(Trainer.__init__, locals())
+        if isinstance(data, str):
+            raise UsageError(f"<data> {data!r} is a path; give towers.data.directory({data!r}) "
+                             f"(or towers.data.text({data!r}) for a text corpus)")
         self.stream = stream or sys.stdout
         self.init_weights = init_weights
         if init_weights is not None:
@@ -388,7 +397,10 @@ class Trainer:
         from engine.run import choices
         from engine.run import train as train_lib
         from engine.run.outputs import OutputError
+        from towers import _arguments
         from towers import _setup as setup
+
+        _arguments.check(Trainer.fit, locals())
         from towers import callbacks as callbacks_lib
 
         if verbose not in (0, 1, 2):
@@ -494,6 +506,9 @@ class Trainer:
           UsageError: the data has no held-out set.
         """
         from engine import data as data_lib
+        from towers import _arguments
+
+        _arguments.check(Trainer.evaluate, locals())
 
         self._build(self.options)
         held_out = self.built.held_out

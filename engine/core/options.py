@@ -16,7 +16,7 @@ from engine.errors import UsageError
 from engine.userfn import label
 
 __all__ = ["COMPUTE_DTYPES", "LoopOptions", "ModelOptions", "OPTIMIZERS", "TOP_K_CLASSES",
-           "VARIABLE_MODES", "default_learning_rate"]
+           "VARIABLE_MODES", "default_learning_rate", "refuse_optimizer_object"]
 
 # Where the variables live: one copy on the reduce device, or one per tower
 # (engine.core.variables).
@@ -65,6 +65,31 @@ def default_learning_rate(optimizer: str, global_batch: int) -> tuple[float, str
 
 
 Optimizer = str | Callable  # a name of OPTIMIZERS, or a function returning an optimizer
+
+
+def refuse_optimizer_object(value) -> None:
+    """A Keras optimizer object given as `optimizer` (told by its interface:
+    keras is not imported to check an argument) is refused with the form
+    that works: each variable copy needs an optimizer of its own, and one
+    made before the Trainer has started TensorFlow too early to split devices.
+
+    Raises:
+      UsageError: naming the object's class and the function to give instead.
+    """
+    if all(hasattr(value, name) for name in ("apply", "get_config", "from_config",
+                                             "learning_rate")):
+        name = type(value).__name__
+        raise UsageError(
+            f"<optimizer> a {name} object: each variable copy needs an optimizer of its "
+            "own, and one made before the Trainer starts TensorFlow too early to split "
+            f"devices; give a function that makes it: optimizer=lambda: "
+            f"keras.optimizers.{name}(...)"
+        )
+
+
+def _shown(value) -> str:
+    """A value for a message: a str as it is, anything else by its type."""
+    return repr(value) if isinstance(value, str) else f"<a {type(value).__name__} object>"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,10 +209,11 @@ class ModelOptions:
     def __post_init__(self):
         if not self.model_name:
             object.__setattr__(self, "model_name", label(self.model))
+        refuse_optimizer_object(self.optimizer)
         if not callable(self.optimizer) and self.optimizer not in OPTIMIZERS:
             raise UsageError(
-                f"<optimizer> {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)} "
-                "or a function that returns a Keras optimizer"
+                f"<optimizer> {_shown(self.optimizer)} is not one of {', '.join(OPTIMIZERS)}, "
+                "a Keras optimizer, or a function that returns one"
             )
         if self.from_logits and self.loss is not None:
             raise UsageError(
