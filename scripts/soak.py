@@ -14,8 +14,9 @@ checkpoint since the last one, after a seeded wait:
                     SIGCONT
   kill-during-save  SIGKILL of the training process while a checkpoint is
                     being written
-  full-disk         the checkpoint folder's disk (a tmpfs) filled until the
-                    run stops on a checkpoint that does not fit, then freed
+  full-disk         the run's disk (a tmpfs: checkpoints, metrics and
+                    TensorBoard) filled until the run stops on a write that
+                    does not fit, then freed
   process-term      SIGTERM of the training process: a preemption, saved and
                     not restarted; the soak starts the job again with
                     --resume, as a scheduler would

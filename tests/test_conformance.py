@@ -160,7 +160,7 @@ def test_check_from_the_command_line():
     lines = summed.stdout.splitlines()
     assert lines[0] == (
         "checking tests.conformance_reducers:summed: towers on /cpu:0, /cpu:1, /cpu:2, "
-        "reduce device /cpu:2, gradients in float32, float16, float64"
+        "reduce device /cpu:0, gradients in float32, float16, float64"
     )
     assert "mean         pass  FAIL  FAIL" in lines
     assert lines[-3:] == [

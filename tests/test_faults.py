@@ -123,7 +123,7 @@ def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signu
     assert step > 0
     assert last == (
         f"{prefix}{step}; checkpoint saved: {directory}/ckpt-{step}; resume with: "
-        f"tower-train {' '.join(args)} --resume"
+        f".venv/bin/tower-train {' '.join(args)} --resume"
     )
     assert state(directory / f"ckpt-{step}")["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step
 
@@ -164,8 +164,8 @@ def test_nan_stops_the_run_naming_step_and_tower_and_keeps_the_last_good_checkpo
     assert result.stderr.strip() == (
         "tower-train: error: step 6: the loss or a gradient of tower 1 (/cpu:1) is not "
         f"finite; the update was not applied; the last good checkpoint is {directory}/ckpt-4; "
-        f"go on from it, skipping such steps, with: tower-train {' '.join(args)} --resume "
-        "--skip-nonfinite"
+        "go on from it, skipping such steps, with: "
+        f".venv/bin/tower-train {' '.join(args)} --resume --skip-nonfinite"
     )
     listed = (directory / "checkpoint").read_text()
     assert 'model_checkpoint_path: "ckpt-4"' in listed and "ckpt-6" not in listed

@@ -135,8 +135,9 @@ def test_a_model_that_does_not_fit_the_data_or_the_loss_is_refused_in_one_line(
 @pytest.mark.slow
 def test_from_logits_trains_a_model_without_softmax(mnist_dir, tmp_path):
     metrics = tmp_path / "m.jsonl"
-    result = run_cli(*TRAIN, "--data", mnist_dir, "--model", "tests.user_models:logits",
-                     "--from-logits", "--steps-per-epoch", "40", "--eval-steps", "5",
+    result = run_cli("tower-train", "--devices", "cpu:2", "--epochs", "1", "--data", mnist_dir,
+                     "--model", "tests.user_models:logits", "--from-logits",
+                     "--steps-per-epoch", "40", "--eval-steps", "5",
                      "--metrics", str(metrics))
     assert result.returncode == 0, result.stderr
     (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
