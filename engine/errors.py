@@ -36,7 +36,7 @@ ARGUMENTS = frozenset("""
     placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed
     seeds seq_len sizes out target_accuracy topologies
     skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
-    topology variables xla
+    topology variables xla best log_device_placement placement_summary steps stream
 """.split())
 
 _MARKER = re.compile(r"<([a-z_][a-z0-9_]*)(?:=([^<>]*))?>")

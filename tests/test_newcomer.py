@@ -32,7 +32,7 @@ def test_dash_h_is_help_on_every_command(command):
 
 def test_mixed_precision_help_names_auto():
     out = run_cli("tower-train", "-h").stdout
-    assert "--mixed-precision [auto|float16|bfloat16]" in out
+    assert "--mixed-precision [auto|bfloat16|float16]" in out
     assert "Alone or 'auto': compute in float16 on GPU" in " ".join(out.split())
 
 

@@ -126,7 +126,7 @@ def test_weights_of_another_model_are_refused_naming_the_first_layer_that_differ
 @pytest.mark.parametrize("arguments, fit, message", [
     ({"init_weights": "/no/such.keras"}, None, "--init-weights /no/such.keras: no such file"),
     ({"init_weights": "/tmp"}, None,
-     "--init-weights /tmp: not a .keras file (Trainer.save, --save-model) nor a checkpoint "
+     "--init-weights /tmp: not a .keras file (as Trainer.save writes) nor a checkpoint "
      "of this engine (a --checkpoint-dir, or its ckpt-N)"),
     ({}, {"keep_best": "eval_accuracy"}, "--keep-best needs --checkpoint-dir DIR"),
     ({}, {"keep_best": "f1", "checkpoint_dir": "/tmp/x"},

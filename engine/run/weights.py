@@ -38,8 +38,8 @@ def check_path(path: str) -> None:
     if os.path.isfile(path + ".index") or os.path.isfile(os.path.join(path, "checkpoint")):
         return
     raise UsageError(
-        f"<init_weights> {path}: not a .keras file (Trainer.save, --save-model) nor a "
-        "checkpoint of this engine (a --checkpoint-dir, or its ckpt-N)"
+        f"<init_weights> {path}: not a .keras file (as Trainer.save writes) nor a "
+        "checkpoint of this engine (a <checkpoint_dir>, or its ckpt-N)"
     )
 
 

@@ -28,9 +28,9 @@ def driver_gpus() -> list[str]:
 
 
 def device_lines() -> list[str]:
-    """One line per device TensorFlow sees (its name for `--devices`, what
-    it is), then a line saying why GPUs the driver lists are not among
-    them, where that is so."""
+    """One line per device TensorFlow sees (its name for `devices`, what it
+    is), then a line saying why GPUs the driver lists are not among them,
+    where that is so (with argument markers, engine.errors)."""
     import os
 
     import tensorflow as tf
@@ -53,7 +53,7 @@ def device_lines() -> list[str]:
         else:
             lines.append(
                 found + "TensorFlow cannot open it: its CUDA 12 libraries need NVIDIA driver "
-                "525 or newer; --verbose shows TensorFlow's own reason")
+                "525 or newer; TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's own reason")
     elif not listed and not gpus:
         lines.append("no GPU: no NVIDIA driver answers here (nvidia-smi); CPU towers only")
     return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from engine.data.mnist import FORMATS as MNIST_FORMATS
 from towers.cli.common import OneLineGroup, UsageFailure
 
 
@@ -26,7 +27,7 @@ def tower_data():
     "data_format",
     default="caffe2",
     show_default=True,
-    type=click.Choice(["caffe2", "jpeg", "tfrecord"]),
+    type=click.Choice(MNIST_FORMATS),
     help="caffe2 = LMDB databases; jpeg = class folders of JPEGs and the file lists "
     "train.txt and val.txt; tfrecord = ImageNet-format TFRecords with their DALI "
     "index files.",

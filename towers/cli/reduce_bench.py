@@ -27,7 +27,9 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
+from engine.core.options import VARIABLE_MODES
 from engine.cost import timing
+from engine.reducers.options import COMPRESSION_DTYPES
 from towers.cli import cost_tables
 from towers.cli.common import (
     OneLineCommand,
@@ -315,12 +317,12 @@ def run_check(spec, placement, reduce_device, group_size, compress) -> int:
               help="A reducer of yours to time or predict too, package.module:function; "
               "repeatable.")
 @click.option("--variables", default="replicated", show_default=True,
-              type=click.Choice(["replicated", "reduce-device"]),
+              type=click.Choice(VARIABLE_MODES),
               help="replicated: every tower needs the mean (an all-reduce); "
               "reduce-device: only the reduce device does.")
 @click.option("--group-size", default=2, show_default=True, type=int,
               help="Towers per group for the hierarchical reducer.")
-@click.option("--compress", default=None, type=click.Choice(["fp16", "bf16"]),
+@click.option("--compress", default=None, type=click.Choice(COMPRESSION_DTYPES),
               help="Move gradients in this dtype (as tower-train --compress).")
 @click.option("--repeats", default=20, show_default=True, type=int,
               help="Timed reductions per reducer and size; the median is reported.")

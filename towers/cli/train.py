@@ -67,6 +67,7 @@ def _list_devices(ctx: click.Context) -> None:
     click.echo("tower-train: starting TensorFlow ...")
     common.import_tensorflow()
     for line in inventory.device_lines():
+        line = common.render(line, FLAGS)
         click.echo(f"  {line}" if line.startswith("/") else f"tower-train: {line}")
     ctx.exit(0)
 

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import click
 
+from engine.core.options import COMPUTE_DTYPES, OPTIMIZERS, VARIABLE_MODES
+from engine.data.inspect import FORMATS
+from engine.reducers.options import COMPRESSION_DTYPES
 from towers.data import DEFAULT_MNIST
 
 __all__ = ["options"]
 
 DEFAULT_DATA = DEFAULT_MNIST
+
+
+# --mixed-precision's values: auto (the device's own) or a compute dtype below
+# float32.
+MIXED_PRECISION = ("auto", *(d for d in COMPUTE_DTYPES if d != "float32"))
 
 
 def options(command):
@@ -77,7 +85,7 @@ _OPTIONS = [
         "--data-format",
         default="auto",
         show_default=True,
-        type=click.Choice(["auto", "caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic"]),
+        type=click.Choice(["auto", *FORMATS]),
         help="caffe2 = LMDB, folder = one sub-folder per class, jpeg = class folders or "
         "train.txt/val.txt file lists, tfrecord = ImageNet-format TFRecords (DALI "
         "indices made when missing), text = a byte corpus for --model transformer "
@@ -186,7 +194,7 @@ _OPTIONS = [
         "--optimizer",
         default="adam",
         show_default=True,
-        type=click.Choice(["sgd", "momentum", "adam", "rmsprop"]),
+        type=click.Choice(list(OPTIMIZERS)),
         help="The Keras optimizer (momentum: SGD with momentum 0.9).",
     ),
     click.option(
@@ -277,7 +285,7 @@ _OPTIONS = [
         "variables",
         default="reduce-device",
         show_default=True,
-        type=click.Choice(["reduce-device", "replicated"]),
+        type=click.Choice(VARIABLE_MODES),
         help="One copy of the variables on --reduce-device, or a copy per tower.",
     ),
     click.option(
@@ -298,7 +306,7 @@ _OPTIONS = [
     click.option(
         "--compress",
         default=None,
-        type=click.Choice(["fp16", "bf16"]),
+        type=click.Choice(COMPRESSION_DTYPES),
         help="Move gradients in this dtype, casting back after the transfer.",
     ),
     click.option(
@@ -381,8 +389,8 @@ _OPTIONS = [
         is_flag=False,
         flag_value="auto",
         default=None,
-        metavar="[auto|float16|bfloat16]",
-        type=click.Choice(["auto", "float16", "bfloat16"]),
+        metavar="[" + "|".join(MIXED_PRECISION) + "]",
+        type=click.Choice(MIXED_PRECISION),
         help="Alone or 'auto': compute in float16 on GPU towers (with dynamic loss "
         "scaling) and bfloat16 on CPU towers; or in the dtype named (bfloat16 needs no "
         "loss scaling). Variables and the loss stay float32.",
