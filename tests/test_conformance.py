@@ -167,7 +167,7 @@ def test_check_from_the_command_line():
         *(f"FAIL mean with {n} towers (float32, float16, float64; replicated and "
           f"reduce-device): returned {n}.00 x the mean (the sum over {n} towers?); "
           "divide by len(devices)" for n in (2, 3)),
-        "12 of 108 checks failed",
+        "12 of 90 checks failed",
     ]
     assert "checked 3 towers: 36 checks, 6 failed" in summed.stderr.splitlines()
 
@@ -177,11 +177,13 @@ def test_check_from_the_command_line():
     assert int8.returncode == 0, int8.stderr
     lines = int8.stdout.splitlines()
     assert "mean            -     -" in lines and "feedback     pass  pass" in lines
-    assert lines[-1] == "72 checks passed"
+    # With training's reduce device, /cpu:0: one tower's two variable modes
+    # are one case.
+    assert lines[-1] == "54 checks passed"
 
     ring = run_cli("tower-reduce-bench", "--check", "ring", "--devices", "cpu:3")
     assert ring.returncode == 0, ring.stderr
     lines = ring.stdout.splitlines()
     assert "mean         pass  pass  pass" in lines
     assert "traffic      pass  pass  pass" in lines
-    assert lines[-1] == "111 checks passed"
+    assert lines[-1] == "93 checks passed"
