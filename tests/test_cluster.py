@@ -569,3 +569,19 @@ def test_cluster_specs_parse():
         cluster_lib.from_tf_config("{")
     with pytest.raises(cluster_lib.ClusterError, match="a job is listed twice"):
         cluster_lib.parse("worker=h:1;worker=h:2")
+
+
+def test_a_port_that_closes_a_moment_after_the_error_is_still_found_down():
+    """A killed worker's peers can hear of the lost connection before its port
+    closes; the probe after a remote error waits a little for the port."""
+    import threading
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    options = cluster_lib.ClusterOptions(jobs=(("worker", (address,)),))
+    threading.Timer(0.8, listening.close).start()
+    assert cluster_lib.unreachable(options) == []  # at once: it still answers
+    down = cluster_lib.unreachable(options, patience=3.0)
+    assert down == [f"/job:worker/task:0 at {address} (Connection refused)"]

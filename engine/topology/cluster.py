@@ -245,14 +245,36 @@ def probe(address: str, timeout: float = 2.0) -> str | None:
         return err.strerror or str(err)
 
 
-def unreachable(options: ClusterOptions, timeout: float = 2.0) -> list[str]:
-    """`/job:J/task:T at ADDRESS (reason)` for each task that does not answer."""
-    down = []
-    for task, address in options.remote_tasks():
-        reason = probe(address, timeout)
-        if reason:
-            down.append(f"{task} at {address} ({reason})")
-    return down
+def unreachable(options: ClusterOptions, timeout: float = 2.0,
+                patience: float = 0.0) -> list[str]:
+    """`/job:J/task:T at ADDRESS (reason)` for each task that does not answer.
+
+    Args:
+      options: the cluster.
+      timeout: seconds each probe waits for a connection.
+      patience: while every task answers, probe again for up to this many
+        seconds: a process being killed tears its sockets down one by one,
+        so its peers can hear of a lost connection before its port closes.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        down = []
+        for task, address in options.remote_tasks():
+            reason = probe(address, timeout)
+            if reason:
+                down.append(f"{task} at {address} ({reason})")
+        if down or time.monotonic() >= deadline:
+            return down
+        time.sleep(0.25)
+
+
+def from_remote(err: BaseException) -> bool:
+    """Whether a TensorFlow error came over the wire from another task (a
+    lost connection, a task that restarted), not from this process's ops."""
+    import tensorflow as tf
+
+    return (isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError))
+            or "from remote target" in str(getattr(err, "message", err)))
 
 
 def silent(options: ClusterOptions, timeout: float = 3.0) -> list[str]:

@@ -301,12 +301,13 @@ def _fit(trainer, arguments: dict) -> None:
         if trainer.cluster is not None:
             from engine.topology import cluster as cluster_lib
 
-            down = cluster_lib.unreachable(trainer.cluster)
+            remote = cluster_lib.from_remote(err)
+            down = cluster_lib.unreachable(trainer.cluster, patience=3.0 if remote else 0.0)
             if down:
                 _lost(down, last)
                 common.fail("tower-train", f"lost {'; '.join(down)}; "
                             f"{common.render(trainer._resume_advice(), FLAGS)}", 1)
-            if isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+            if remote:
                 # Every task answers again (a worker under --restart-on-exit
                 # is back already), but the run lost one: its state is gone.
                 first = str(err.message).strip().splitlines()[0][:120]
