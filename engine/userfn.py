@@ -141,6 +141,9 @@ def last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
 def spec_arguments(spec: str, valid: dict, error: type[Exception], argument: str) -> dict:
     """The `k=v` arguments of a built-in's spec (`topk:ratio=0.05`), each
     converted to its default's type.
@@ -168,11 +171,13 @@ def spec_arguments(spec: str, valid: dict, error: type[Exception], argument: str
         try:
             if not eq:
                 raise ValueError
-            values[key] = kind(text.strip())
-        except ValueError:
+            values[key] = _BOOLS[text.strip().lower()] if kind is bool else kind(text.strip())
+        except (KeyError, ValueError):
+            what = {int: "an integer", bool: "true or false"}.get(kind, "a number")
+            example = str(valid[key]).lower() if kind is bool else valid[key]
             raise error(
                 f"<{argument}> {spec!r}: {key}={text.strip()!r} is not "
-                f"{'an integer' if kind is int else 'a number'}; e.g. {name}:{key}={valid[key]}"
+                f"{what}; e.g. {name}:{key}={example}"
             ) from None
     return values
 

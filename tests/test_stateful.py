@@ -197,7 +197,7 @@ def test_the_kit_checks_feedback_instead_of_the_mean_and_local_sgd_on_replicas()
 
 @pytest.mark.parametrize("spec, message", [
     ("topk:size=3", "--reducer 'topk:size=3': topk has no parameter 'size'; its parameters: "
-                    "ratio (default 0.01)"),
+                    "ratio (default 0.01), feedback (default True), momentum (default 0.0)"),
     ("topk:ratio=lots", "--reducer 'topk:ratio=lots': ratio='lots' is not a number; "
                         "e.g. topk:ratio=0.01"),
     ("topk:ratio=0", "--reducer topk: ratio (0.0) must be in (0, 1]"),

@@ -13,6 +13,9 @@ et al., 2018; Karimireddy et al., 2019). The payloads are all-gathered
 (engine.reducers.primitives), since compressed data cannot be summed on the
 way, and every destination rebuilds the mean from them.
 
+With `feedback=False` nothing is held back: what a compressor drops is
+lost (signSGD and top-k as the papers' ablations run them).
+
 A subclass says how one tensor is compressed (`compress`), what a payload
 costs (`payload_bytes`) and how a destination rebuilds the sum of the
 towers' payloads (`decompress`).
@@ -31,19 +34,48 @@ from engine.reducers.stateful import ReducerContext, StatefulReducer
 
 
 class ErrorFeedback(StatefulReducer):
-    """A compressor with a residual per tower and gradient; payloads all-gathered."""
+    """A compressor with a residual per tower and gradient; payloads all-gathered.
+
+    Args:
+      name: the tf.Module's name.
+      feedback: keep each tower's residual (error feedback); False drops
+        what the compressor leaves out.
+    """
 
     lossy = True
 
+    def __init__(self, name: str, feedback: bool = True):
+        super().__init__(name=name)
+        self.feedback = feedback
+
     def build(self, context: ReducerContext) -> None:
         self.context = context
-        self.residuals = []
-        for device in context.devices:
+        if self.feedback:
+            self.residuals = self.per_tower("residual")
+
+    def per_tower(self, name: str) -> list[list[tf.Variable]]:
+        """[k][v]: a zero variable like gradient v on tower k's device."""
+        held = []
+        for device in self.context.devices:
             with tf.device(device):
-                self.residuals.append([
-                    tf.Variable(tf.zeros(shape, dtype), trainable=False, name="residual")
-                    for shape, dtype in zip(context.shapes, context.dtypes)
-                ])
+                held.append([tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
+                             for shape, dtype in zip(self.context.shapes, self.context.dtypes)])
+        return held
+
+    def encode(self, k: int, v: int, flat: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """Tower `k`'s payload of its flat gradient `v`: the gradient plus its
+        residual (the gradient alone without feedback) compressed, and what
+        was not sent held back as the new residual. Runs on the tower."""
+        if not self.feedback:
+            return self.compress(flat)[0]
+        residual = self.residuals[k][v]
+        corrected = flat + tf.reshape(residual, [-1])
+        payload, sent = self.compress(corrected)
+        left = tf.reshape(corrected - sent, residual.shape)
+        # A tower whose gradient was not finite (a step the run skips) keeps
+        # its residual: one NaN would poison it.
+        residual.assign(tf.where(tf.reduce_all(tf.math.is_finite(left)), left, residual))
+        return payload
 
     def compress(self, corrected: tf.Tensor) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:
         """(payload tensors, the dense value they stand for) of one tower's
@@ -69,15 +101,7 @@ class ErrorFeedback(StatefulReducer):
                 payloads = []
                 for k, (grad, device) in enumerate(zip(grads, devices)):
                     with tf.device(device):
-                        residual = self.residuals[k][v]
-                        corrected = tf.reshape(grad, [-1]) + tf.reshape(residual, [-1])
-                        payload, sent = self.compress(corrected)
-                        left = tf.reshape(corrected - sent, residual.shape)
-                        # A tower whose gradient was not finite (a step the run
-                        # skips) keeps its residual: one NaN would poison it.
-                        finite = tf.reduce_all(tf.math.is_finite(left))
-                        residual.assign(tf.where(finite, left, residual))
-                    payloads.append(payload)
+                        payloads.append(self.encode(k, v, tf.reshape(grad, [-1])))
                 # One all-gather per part of the payload (values, indices, ...).
                 parts = [all_gather([p[i] for p in payloads], devices, destinations)
                          for i in range(len(payloads[0]))]

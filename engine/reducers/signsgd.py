@@ -51,10 +51,15 @@ def unpack_signs(packed: tf.Tensor, size: int, dtype: tf.DType) -> tf.Tensor:
 
 
 class SignSGD(ErrorFeedback):
-    """Scaled signs with error feedback, eight to a byte."""
+    """Scaled signs with error feedback, eight to a byte.
 
-    def __init__(self):
-        super().__init__(name="signsgd")
+    Args:
+      feedback: keep what the signs did not carry for the next step
+        (EF-signSGD); False is scaled signSGD, the paper's ablation.
+    """
+
+    def __init__(self, feedback: bool = True):
+        super().__init__(name="signsgd", feedback=feedback)
 
     def compress(self, corrected: tf.Tensor) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:
         scale = tf.reduce_mean(tf.abs(corrected))

@@ -32,18 +32,57 @@ from engine.reducers.feedback import ErrorFeedback
 class TopK(ErrorFeedback):
     """Keeps the largest `ratio` of each gradient's entries, with error feedback.
 
+    With `momentum`, Deep Gradient Compression's momentum correction and
+    factor masking (Lin et al., section 3.2): each tower keeps a velocity
+    u = momentum u + g and an accumulation a = a + u, sends the top-k of a,
+    and zeroes both where it sent. The mean of what the towers sent is then
+    already a momentum step: train it with plain `sgd`, not `momentum`.
+
     Args:
       ratio: the fraction of entries each tower sends, in (0, 1].
+      feedback: keep what was not sent for the next step (error feedback);
+        False drops it.
+      momentum: DGC's momentum correction, in [0, 1); 0 is plain top-k.
 
     Raises:
-      ReducerError: `ratio` out of range.
+      ReducerError: `ratio` or `momentum` out of range, or momentum without
+        feedback.
     """
 
-    def __init__(self, ratio: float = 0.01):
-        super().__init__(name="topk")
+    def __init__(self, ratio: float = 0.01, feedback: bool = True, momentum: float = 0.0):
+        super().__init__(name="topk", feedback=feedback and not momentum)
         if not 0 < ratio <= 1:
             raise ReducerError(f"<reducer> topk: ratio ({ratio}) must be in (0, 1]")
+        if not 0 <= momentum < 1:
+            raise ReducerError(f"<reducer> topk: momentum ({momentum}) must be in [0, 1)")
+        if momentum and not feedback:
+            raise ReducerError(
+                f"<reducer> topk: momentum={momentum} accumulates what was not sent, which "
+                "is error feedback; drop feedback=false or momentum")
         self.ratio = ratio
+        self.momentum = momentum
+
+    def build(self, context) -> None:
+        super().build(context)
+        if self.momentum:
+            # Not `residuals`: what they hold is owed to the velocities, not
+            # to the gradients, so the error-feedback invariant is not theirs.
+            self.velocities = self.per_tower("velocity")
+            self.accumulated = self.per_tower("accumulated")
+
+    def encode(self, k: int, v: int, flat: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        if not self.momentum:
+            return super().encode(k, v, flat)
+        velocity, accumulated = self.velocities[k][v], self.accumulated[k][v]
+        moved = self.momentum * tf.reshape(velocity, [-1]) + flat
+        total = tf.reshape(accumulated, [-1]) + moved
+        payload, _ = self.compress(total)
+        unsent = 1 - _dense(tf.ones_like(payload[0]), payload[1], total.shape.num_elements())
+        finite = tf.reduce_all(tf.math.is_finite(total))  # a skipped step keeps both
+        accumulated.assign(tf.where(finite, tf.reshape(total * unsent, accumulated.shape),
+                                    accumulated))
+        velocity.assign(tf.where(finite, tf.reshape(moved * unsent, velocity.shape), velocity))
+        return payload
 
     def kept(self, size: int) -> int:
         """How many entries of a gradient of `size` entries a tower sends.
