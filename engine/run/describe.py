@@ -57,6 +57,11 @@ def describe(
                 f"({end - start} of {info.train_size}), {work}"
             )
         lines.append(f"  tower {tower.index}  {tower.device:<8} {source}")
+    for physical, count in placement.simulated():
+        lines.append(
+            f"  shared   {count} towers simulated on {physical}: each its own shard, gradient "
+            f"and reducer state, as {count} devices would compute, bytes counted between them "
+            "as between devices; the time is one device's")
     model_options, reducer = options.model, options.reducer
     note = model_options.learning_rate_note
     lr = f"lr {model_options.learning_rate:.4g}" + (f" ({note})" if note else "")

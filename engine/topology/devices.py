@@ -118,6 +118,25 @@ class Placement:
                 by_gpu.setdefault(key, []).append(tower.device)
         return {gpu: names for (_, gpu), names in by_gpu.items() if len(names) > 1}
 
+    def simulated(self) -> list[tuple[str, int]]:
+        """(the physical device, how many towers share it) wherever several
+        towers run on one: logical GPUs of one GPU (`gpu:N`) or CPUs of one
+        task's processor (`cpu:N`). Each tower keeps its own data shard,
+        gradient and reducer state, so they compute what as many devices
+        would; only their time is shared."""
+        groups: dict[str, int] = {}
+        for tower in self.towers:
+            task = task_of(tower.device)
+            where = "this host's" if task is None else f"{task}'s"
+            if tower.gpu_index is not None:
+                physical = f"{where} GPU {tower.gpu_index}"
+            elif split_name(tower.device)[0] == "cpu":
+                physical = f"{where} CPU"
+            else:
+                continue
+            groups[physical] = groups.get(physical, 0) + 1
+        return [(physical, count) for physical, count in groups.items() if count > 1]
+
 
 def canonical(name: str) -> str | None:
     """The canonical name of a device, None if `name` is not a device name.

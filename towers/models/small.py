@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # keras imports TensorFlow: only once a model is built
 __all__ = ["lenet", "mlp"]
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, dropout: float = 0.2) -> keras.Model:
+def mlp(input_shape: Sequence[int], num_classes: int, *, dropout: float = 0.2) -> keras.Model:
     """Flatten, Dense 128 relu, Dropout, Dense softmax: the Keras MNIST MLP.
 
     Args:
