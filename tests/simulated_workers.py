@@ -73,8 +73,8 @@ def mean(mnist: str, out: str) -> None:
     sixteen._build(sixteen.options)
     start = sixteen.model.get_weights()
     sixteen.fit(epochs=1, steps_per_epoch=3, eval_steps=0, verbose=0)
-    one = towers.Trainer("/cpu:0", batch_size=WORKERS * BATCH, data=concatenated(batches, os.path.join(out, "samples")),
-                         **COMMON)
+    joined = concatenated(batches, os.path.join(out, "samples"))
+    one = towers.Trainer("/cpu:0", batch_size=WORKERS * BATCH, data=joined, **COMMON)
     one._build(one.options)
     assert all(np.array_equal(a, b) for a, b in zip(start, one.model.get_weights()))
     one.fit(epochs=1, steps_per_epoch=3, eval_steps=0, verbose=0)
