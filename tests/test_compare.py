@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import time
 
@@ -99,9 +101,9 @@ class Scaled:
 def test_two_reducer_objects_of_one_class_get_their_own_labels():
     from towers.study.study import _check_reducers
 
-    labels = [o.label for o in _check_reducers([Halving(), Halving()])]
+    labels = [o.label for o in _check_reducers([Halving(), Halving()])[0]]
     assert labels == ["central", "test_compare:Halving #1", "test_compare:Halving #2"]
-    labels = [o.label for o in _check_reducers(["ring", Scaled(1.0), Scaled(2.0)])]
+    labels = [o.label for o in _check_reducers(["ring", Scaled(1.0), Scaled(2.0)])[0]]
     assert labels == ["ring", "Scaled(factor=1.0)", "Scaled(factor=2.0)"]
     with pytest.raises(towers.UsageError, match="lists 'ring' more than once"):
         _check_reducers(["ring", "ring"])
@@ -161,8 +163,21 @@ def test_the_study_writes_its_table_json_and_chart(study):
     assert p["seconds_to_target"] == pytest.approx(p["epochs_to_target"] * p["epoch_seconds"])
     table = (out / "table.txt").read_text()
     assert table.splitlines()[0].split() == ["reducer", "final", "accuracy", "best",
-                                             "bytes/step", "vs", "exact", "state", "bytes",
-                                             "step", "here"]
+                                             "bytes/step", "vs", "exact", "MB/worker/ep",
+                                             "state", "bytes", "step", "here"]
+    # What one worker sends per epoch: the step's bytes over 2 workers, 40 steps.
+    for row in rows.values():
+        assert row["workers"] == 2
+        assert row["bytes_per_worker_per_epoch"] == pytest.approx(
+            row["mean_bytes_per_step"] / 2 * 40)
+        assert row["final_perplexity"] == pytest.approx(statistics.fmean(
+            math.exp(r["epochs"][-1]["eval_loss"]) for r in data["runs"]
+            if r["reducer"] == row["reducer"]))
+    assert (out / "pareto.png").stat().st_size > 20_000
+    # Two logical CPUs ran in turn on one processor: a worker computes half the step.
+    first = data["runs"][0]
+    assert first["predictions"]["dgx1-v100:8"]["compute_ms"] == pytest.approx(
+        1e3 * first["step_seconds"] / 2)
     assert "predicted on 2x8-ethernet-100g:16" in table and table in result.stdout
     assert (out / "study.png").stat().st_size > 20_000
     # Every step's loss; an epoch's loss is their mean.
@@ -219,3 +234,49 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(study, mnist_dir, 
     for name in ("central", "powersgd_rank=1", "topk"):
         assert figures(out / "runs" / name / "seed0" / "metrics.jsonl") == \
             figures(whole / "runs" / name / "seed0" / "metrics.jsonl"), name
+
+
+def test_the_pareto_front_keeps_what_nothing_beats_on_both():
+    from towers.study.report import front
+
+    points = [(10.0, 0.95), (1.0, 0.94), (0.1, 0.80), (5.0, 0.93), (1.0, 0.90)]
+    assert front(points) == [2, 1, 0]  # (5, 0.93) and (1, 0.90) are beaten by (1, 0.94)
+    perplexities = [(10.0, 3.0), (1.0, 3.1), (2.0, 3.5)]
+    assert front(perplexities, higher_is_better=False) == [1, 0]
+
+
+def test_a_method_trains_with_its_own_arguments_and_label():
+    from towers.study.study import Method, _check_reducers
+
+    options, overrides = _check_reducers([
+        "ring", Method("topk:ratio=0.01,momentum=0.9", label="DGC 1%",
+                       trainer={"optimizer": "sgd"})])
+    assert [o.label for o in options] == ["ring", "DGC 1%"]
+    assert overrides == {"ring": {}, "DGC 1%": {"optimizer": "sgd"}}
+    with pytest.raises(towers.UsageError) as refused:
+        Method("topk", label="mine", trainer={"seed": 3, "devices": "cpu:2"})
+    assert str(refused.value) == ("reducers 'mine': devices, seed are the study's to set, "
+                                  "the same for every method")
+
+
+def test_the_named_studies_are_the_ones_the_flag_offers():
+    from towers.cli.compare import STUDY_NAMES
+    from towers.study import papers
+
+    assert STUDY_NAMES == tuple(sorted(papers.STUDIES))
+    arguments = papers.STUDIES["papers-lenet"].arguments(gpu=False)
+    assert arguments["devices"] == "cpu:16" and arguments["seeds"] == 3
+    labels = [m.label for m in arguments["reducers"]]
+    assert labels[0] == "SGD (exact mean)" and len(labels) == 12
+    assert arguments["topologies"] == ["2x8-ethernet-10g:16", "2x8-infiniband-100g:16"]
+    resnet = papers.STUDIES["papers-resnet20"].arguments(gpu=True)
+    assert resnet["devices"] == "gpu:16"
+    assert resnet["topologies"] == ["2x8-ethernet-10g:16:3.8", "2x8-infiniband-100g:16:3.8"]
+
+
+def test_neither_reducers_nor_a_study_is_one_line(tmp_path):
+    result = run_cli("tower-compare", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr == ("tower-compare: error: give --reducer once per reducer to "
+                             "compare, or --study with one of papers-lenet, papers-resnet20, "
+                             "papers-transformer\n")

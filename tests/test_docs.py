@@ -150,6 +150,7 @@ CHECKS = {
         "step 25: learning rate 0.0146", "step 30: learning rate 0.0000"]
         and float(out.splitlines()[6].split()[-1]) >= 0.7,
     "compare.py": lambda out, cwd: compared(out, cwd),
+    "papers.py": lambda out, cwd: papers_compared(out, cwd),
     "recipe.py": lambda out, cwd: recipe_ran(out, cwd),
     "placement_budget.py": lambda out, cwd: (
         out.startswith("placement of the train step (")
@@ -188,6 +189,17 @@ def compared(out: str, cwd: str) -> bool:
             and powersgd.startswith("powersgd:rank=2  accuracy 0.") and 0 < ratio < 0.1
             and all(os.path.exists(os.path.join(cwd, "study", name))
                     for name in ("study.json", "table.txt", "study.png")))
+
+
+def papers_compared(out: str, cwd: str) -> bool:
+    """SGD, DGC and EF-signSGD in that order; a ring's bytes for SGD, top-k's
+    1% and signs' 1/32 (and their indices and scales) for the others."""
+    rows = out.splitlines()
+    ratios = [float(re.search(r", ([0-9.]+)x SGD's$", row)[1]) for row in rows]
+    return ([row[:16].strip() for row in rows] == ["SGD (exact mean)", "DGC 1%", "EF-signSGD"]
+            and ratios[0] == 1.0 and 0.02 < ratios[1] < 0.15 and 0.05 < ratios[2] < 0.2
+            and float(re.search(r"accuracy ([0-9.]+)", rows[0])[1]) > 0.5
+            and os.path.exists(os.path.join(cwd, "papers", "pareto.png")))
 
 
 def stopped_early(out: str) -> bool:

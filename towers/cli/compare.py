@@ -13,6 +13,8 @@ from towers.cli.train import data_source
 
 __all__ = ["tower_compare", "main"]
 
+# The named studies (towers.study.papers), without importing TensorFlow.
+STUDY_NAMES = ("papers-lenet", "papers-resnet20", "papers-transformer")
 # tower-train's flags that define the workload, as it defines them.
 WORKLOAD = ("devices", "gpu_memory", "reduce_device", "data_path", "data_format", "seq_len",
             "image_size", "num_classes", "synthetic_samples", "augment", "data_pipeline",
@@ -32,24 +34,57 @@ def _workload_options() -> list[click.Parameter]:
     return chosen
 
 
-def _run(reducers, seeds, topologies, target_accuracy, out, epochs, **flags):
+def _given(name: str) -> bool:
+    """Whether the command line gave the flag of parameter `name`."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source == click.core.ParameterSource.COMMANDLINE
+
+
+def _named(study: str, flags: dict, reducers, seeds, topologies, epochs) -> dict:
+    """towers.compare's arguments for `--study`: the named study's, but for
+    the flags the command line gave."""
+    from towers.study import papers
+
+    arguments = papers.STUDIES[study].arguments()
+    given = {name: value for name, value in flags.items() if _given(name)}
+    if any(name in given for name in ("data_path", "data_format", "seq_len", "data_pipeline",
+                                      "synthetic_samples", "num_classes")):
+        given["data"] = data_source(flags)
+    for name in ("data_path", "data_format", "seq_len", "data_pipeline", "synthetic_samples",
+                 "num_classes"):
+        given.pop(name, None)
+    arguments.update(given)
+    for name, value in (("reducers", list(reducers)), ("seeds", seeds),
+                        ("topologies", list(topologies)), ("epochs", epochs)):
+        if _given(name):
+            arguments[name] = value
+    return arguments
+
+
+def _run(reducers, study, seeds, topologies, target_accuracy, out, epochs, **flags):
     """Train the workload once per --reducer and seed, and compare the runs."""
     import towers
 
+    if not reducers and study is None:
+        common.fail("tower-compare", "give --reducer once per reducer to compare, or "
+                    f"--study with one of {', '.join(STUDY_NAMES)}", 2)
     try:
-        flags["data"] = data_source(flags)
         flags["mixed_precision"] = {None: False, "auto": True}.get(
             flags["mixed_precision"], flags["mixed_precision"])
-        steps, eval_steps = flags.pop("steps_per_epoch"), flags.pop("eval_steps")
-        study = towers.compare(list(reducers), out=out, seeds=seeds,
-                               topologies=list(topologies), target_accuracy=target_accuracy,
-                               epochs=epochs, steps_per_epoch=steps, eval_steps=eval_steps,
-                               **flags)
+        if study is not None:
+            arguments = _named(study, flags, reducers, seeds, topologies, epochs)
+        else:
+            flags["data"] = data_source(flags)
+            arguments = dict(reducers=list(reducers), seeds=seeds, topologies=list(topologies),
+                             epochs=epochs, steps_per_epoch=flags.pop("steps_per_epoch"),
+                             eval_steps=flags.pop("eval_steps"), **flags)
+        study = towers.compare(out=out, target_accuracy=target_accuracy, **arguments)
     except TowerError as err:
         common.fail("tower-compare", err.render(FLAGS),
                     1 if isinstance(err, towers.RunError) else 2)
     click.echo(study.table())
-    written = [os.path.join(out, name) for name in ("study.json", "table.txt", "study.png")]
+    written = [os.path.join(out, name)
+               for name in ("study.json", "table.txt", "study.png", "pareto.png")]
     click.echo(f"tower-compare: wrote {', '.join(written)}")
 
 
@@ -60,11 +95,15 @@ tower_compare = common.OneLineCommand(
          "and compare them: held-out accuracy against epochs, bytes sent and the time "
          "the cost model predicts on each --topology.",
     params=[
-        click.Option(["--reducer", "reducers"], multiple=True, required=True, metavar="SPEC",
+        click.Option(["--reducer", "reducers"], multiple=True, metavar="SPEC",
                      help="A reducer to compare; give it once per reducer: central, ring, "
                           "powersgd:rank=2, topk:ratio=0.01, signsgd, localsgd:every=8, or "
                           "package.module:function. The first exact one (central, ring, "
                           "tree, ...) is the baseline; central is added when none is."),
+        click.Option(["--study"], type=click.Choice(STUDY_NAMES), default=None,
+                     help="A named study: its methods, workload, seeds, epochs and "
+                          "topologies, for the flags not given. papers-*: the compression "
+                          "papers' methods on 16 workers (docs: The compression papers)."),
         click.Option(["--seeds"], default=1, show_default=True, type=int,
                      help="Each reducer runs with seeds 0 to N-1."),
         click.Option(["--topology", "topologies"], multiple=True, metavar="NAME:TOWERS",

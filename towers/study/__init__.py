@@ -14,8 +14,9 @@ here, and predicts its time on each topology with the cost model
 (`towers.study.predict`); `towers.study.report` draws the table and chart.
 """
 
+from towers.study import papers
 from towers.study.predict import predict
 from towers.study.scales import Scale
-from towers.study.study import Run, Study, compare
+from towers.study.study import Method, Run, Study, compare
 
-__all__ = ["Run", "Scale", "Study", "compare", "predict"]
+__all__ = ["Method", "Run", "Scale", "Study", "compare", "papers", "predict"]

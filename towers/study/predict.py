@@ -5,7 +5,8 @@ the model traces (MODELLED) is priced as itself on the run's gradient bytes;
 any other reducer as a ring all-reduce of the bytes it sends: its measured
 bytes per step, as a share of a dense ring's here, times the gradient bytes.
 The compute of a step is the scale's `compute_ms`, else the run's step time
-measured here. A step is compute plus reduction (no overlap assumed), and an
+measured here (a worker's share of it where the towers were simulated on one
+device, which runs them in turn). A step is compute plus reduction (no overlap assumed), and an
 epoch of the same data takes `steps here x towers here / towers there` steps.
 """
 
@@ -35,7 +36,8 @@ def predict(run: dict, scale: Scale) -> dict:
     Args:
       run: a run's figures: `method` (the built-in it is, or None),
         `parameter_bytes`, `towers`, `bytes_ratio` (its bytes per step over a
-        dense ring's here), `step_seconds` and `steps_per_epoch`.
+        dense ring's here), `step_seconds`, `steps_per_epoch` and `simulated`
+        (towers that shared one device here; 1 if none did).
       scale: the machine and its tower count.
 
     Returns:
@@ -51,7 +53,9 @@ def predict(run: dict, scale: Scale) -> dict:
         modelled = "ring"
         nbytes = int(round(run["parameter_bytes"] * run["bytes_ratio"]))
     reduction = _reduction_seconds(scale.topology, scale.towers, modelled, nbytes)
-    compute = scale.compute_ms / 1e3 if scale.compute_ms else run["step_seconds"]
+    # Towers simulated on one device ran in turn: a worker's compute is its share.
+    shared = run.get("simulated", 1)
+    compute = scale.compute_ms / 1e3 if scale.compute_ms else run["step_seconds"] / shared
     steps = math.ceil(run["steps_per_epoch"] * run["towers"] / scale.towers)
     step = compute + reduction
     return {"modelled_as": modelled, "reduced_bytes": nbytes,

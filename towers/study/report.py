@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 
 from towers.callbacks import Callback
 
-__all__ = ["EpochLine", "default_target", "rows", "table", "write"]
+__all__ = ["EpochLine", "default_target", "front", "pareto", "rows", "table", "write"]
 
 
 class EpochLine(Callback):
@@ -52,9 +53,13 @@ def rows(study) -> list[dict]:
     base = statistics.fmean(run.mean_bytes_per_step for run in groups[study.reducers[0]])
     for reducer, runs in groups.items():
         finals = [run.epochs[-1].get("eval_accuracy") or 0.0 for run in runs]
+        # Perplexity: exp of the held-out cross-entropy (per byte for text).
+        perplexities = [math.exp(run.epochs[-1]["eval_loss"]) for run in runs
+                        if run.epochs[-1].get("eval_loss") is not None]
         curve = _curve(runs)
         reached = next((e + 1 for e, a in enumerate(curve) if a >= study.target_accuracy), None)
         mean_bytes = statistics.fmean(run.mean_bytes_per_step for run in runs)
+        workers = runs[0].figures["towers"]
         predicted = {}
         for scale in study.scales:
             figures = runs[0].predictions[scale.label]
@@ -72,11 +77,18 @@ def rows(study) -> list[dict]:
             "seeds": len(runs),
             "final_accuracy": statistics.fmean(finals),
             "final_accuracy_spread": statistics.pstdev(finals) if len(finals) > 1 else 0.0,
+            "final_perplexity": statistics.fmean(perplexities) if perplexities else None,
+            "final_perplexity_spread": (statistics.pstdev(perplexities)
+                                        if len(perplexities) > 1 else 0.0),
             "best_accuracy": max(curve),
             "bytes_per_step": runs[0].bytes_per_step,
             "mean_bytes_per_step": mean_bytes,
             "declared_bytes": runs[0].declared_bytes,
             "bytes_vs_exact": mean_bytes / base,
+            "workers": workers,
+            # What one worker sends in an epoch, as if each were its own device.
+            "bytes_per_worker_per_epoch": (mean_bytes / workers
+                                           * runs[0].figures["steps_per_epoch"]),
             "state_bytes": runs[0].state_bytes,
             "step_ms_here": 1e3 * statistics.fmean(run.step_seconds for run in runs),
             "predicted": predicted,
@@ -88,15 +100,20 @@ def table(study) -> str:
     """The summary as text: accuracy and bytes, then the predictions per scale."""
     summary = rows(study)
     width = max(12, *(len(r["reducer"]) for r in summary)) + 2
+    text = study.held_out == "perplexity"
     lines = [
-        f"{'reducer':<{width}}{'final accuracy':>17}{'best':>8}{'bytes/step':>13}"
-        f"{'vs exact':>10}{'state bytes':>13}{'step here':>11}"
+        f"{'reducer':<{width}}{'final accuracy':>17}" + (f"{'perplexity':>18}" if text else "")
+        + f"{'best':>8}{'bytes/step':>13}{'vs exact':>10}{'MB/worker/ep':>14}"
+        f"{'state bytes':>13}{'step here':>11}"
     ]
     for r in summary:
         spread = f"{r['final_accuracy']:.4f} ± {r['final_accuracy_spread']:.4f}"
+        perplexity = (f"{r['final_perplexity']:.3f} ± {r['final_perplexity_spread']:.3f}"
+                      if text and r["final_perplexity"] is not None else "")
         lines.append(
-            f"{r['reducer']:<{width}}{spread:>17}{r['best_accuracy']:>8.4f}"
-            f"{r['mean_bytes_per_step']:>13,.0f}{r['bytes_vs_exact']:>9.3f}x"
+            f"{r['reducer']:<{width}}{spread:>17}" + (f"{perplexity:>18}" if text else "")
+            + f"{r['best_accuracy']:>8.4f}{r['mean_bytes_per_step']:>13,.0f}"
+            f"{r['bytes_vs_exact']:>9.3f}x{r['bytes_per_worker_per_epoch'] / 1e6:>14.2f}"
             f"{r['state_bytes']:>13,}{r['step_ms_here']:>8.1f} ms"
         )
     for scale in study.scales:
@@ -156,9 +173,79 @@ def chart(study, path: str) -> None:
     plt.close(fig)
 
 
+def front(points: list[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
+    """Indices of the points no other point beats on both counts: less or as
+    much cost (x) and a better or as good figure (y), one strictly; by cost.
+
+    Args:
+      points: (cost, figure) pairs.
+      higher_is_better: accuracy (True) or perplexity (False).
+
+    Returns:
+      The indices of the points on the front, by cost.
+    """
+    sign = 1 if higher_is_better else -1
+
+    def beats(a, b):
+        return (a[0] <= b[0] and sign * a[1] >= sign * b[1]
+                and (a[0] < b[0] or sign * a[1] > sign * b[1]))
+
+    kept = [i for i, p in enumerate(points) if not any(beats(q, p) for q in points)]
+    return sorted(kept, key=lambda i: points[i][0])
+
+
+def pareto(study, path: str) -> None:
+    """The final held-out figure of each method (mean over the seeds, the
+    spread as a bar) against the bytes one worker sends per epoch (log
+    scale) and, per scale, the predicted time of a step; the Pareto front
+    drawn through the methods nothing beats on both.
+
+    Args:
+      study: the Study.
+      path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = rows(study)
+    perplexity = study.held_out == "perplexity"
+    key = "final_perplexity" if perplexity else "final_accuracy"
+    ys = [r[key] for r in summary]
+    spreads = [r[f"{key}_spread"] for r in summary]
+    costs = [[r["bytes_per_worker_per_epoch"] / 1e6 for r in summary]]
+    costs += [[r["predicted"][s.label]["step_ms"] for r in summary] for s in study.scales]
+    titles = ["by bytes a worker sends per epoch",
+              *(f"by predicted step on {s.label}" for s in study.scales)]
+    xlabels = ["MB per worker per epoch (log)", *("ms per step" for _ in study.scales)]
+    fig, axes = plt.subplots(1, len(costs), figsize=(5.2 * len(costs), 4.4), squeeze=False)
+    for ax, xs, title, xlabel in zip(axes[0], costs, titles, xlabels):
+        kept = front(list(zip(xs, ys)), higher_is_better=not perplexity)
+        ax.plot([xs[i] for i in kept], [ys[i] for i in kept], color="black", linewidth=1,
+                linestyle="--", label="Pareto front", zorder=1)
+        for i, r in enumerate(summary):
+            ax.errorbar(xs[i], ys[i], yerr=spreads[i], fmt="o", markersize=5, capsize=2,
+                        markeredgecolor="black" if i in kept else "none", zorder=2)
+            ax.annotate(r["reducer"], (xs[i], ys[i]), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_xscale("log")
+    axes[0][0].set_ylabel("held-out perplexity (lower is better)" if perplexity
+                          else "held-out accuracy")
+    axes[0][0].legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write(study) -> None:
-    """`study.json` (every run and the summary), `table.txt` and `study.png` in `study.out`."""
+    """`study.json` (every run and the summary), `table.txt`, `study.png` (by
+    epoch, bytes and time) and `pareto.png` (figure against cost) in `study.out`."""
     data = {"reducers": study.reducers, "seeds": study.seeds,
+            "held_out": study.held_out,
             "scales": [dataclasses.asdict(s) | {"label": s.label} for s in study.scales],
             "target_accuracy": study.target_accuracy, "summary": rows(study),
             "runs": [dataclasses.asdict(run) for run in study.runs]}
@@ -167,3 +254,4 @@ def write(study) -> None:
     with open(os.path.join(study.out, "table.txt"), "w") as stream:
         stream.write(table(study) + "\n")
     chart(study, os.path.join(study.out, "study.png"))
+    pareto(study, os.path.join(study.out, "pareto.png"))

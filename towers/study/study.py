@@ -25,7 +25,7 @@ from typing import TextIO
 from engine.errors import UsageError
 from towers.study.scales import Scale
 
-__all__ = ["Run", "Study", "compare"]
+__all__ = ["Method", "Run", "Study", "compare"]
 
 # Built-ins that give the exact mean with traffic the placement log sees: a
 # study's baseline is the first of them it lists (uncompressed), else
@@ -34,6 +34,34 @@ EXACT = ("central", "ring", "tree", "hierarchical")
 # Exact means in one op each (NCCL, TensorFlow's collectives): their bytes
 # are not _Send/_Recv pairs, so they count as a dense ring's.
 OPAQUE = ("collective", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A reducer as a study lists it: with its own name in the table, and the
+    Trainer arguments it trains with where they differ from the study's.
+
+        Method("topk:ratio=0.001,momentum=0.9", label="DGC 0.1%",
+               trainer={"optimizer": "sgd"})  # the momentum is the reducer's
+
+    Attributes:
+      reducer: what `reducer=` takes: a spec, `package.module:function`, a
+        function or a StatefulReducer.
+      label: the name in the table, chart and folders; empty: the reducer's.
+      trainer: Trainer arguments of this method's runs over the study's
+        (`optimizer`, `learning_rate`, ...); not `seed`, `deterministic`,
+        `reducer` or `devices`.
+    """
+
+    reducer: str | Callable
+    label: str = ""
+    trainer: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        own = sorted(set(self.trainer) & {"seed", "deterministic", "reducer", "devices"})
+        if own:
+            raise UsageError(f"<reducers> {self.label or self.reducer!r}: {', '.join(own)} "
+                             "are the study's to set, the same for every method")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +113,8 @@ class Study:
       target_accuracy: the held-out accuracy "time to target" is timed to.
       runs: every run, by seed, then reducer.
       out: the folder with everything written.
+      held_out: what the held-out figure is: `accuracy`, or `perplexity`
+        (exp of the held-out loss) for text, where accuracy is shown too.
     """
 
     reducers: list[str]
@@ -93,6 +123,7 @@ class Study:
     target_accuracy: float
     runs: list[Run]
     out: str
+    held_out: str = "accuracy"
 
     def rows(self) -> list[dict]:
         """One summary per reducer, over its seeds (see towers.study.report)."""
@@ -135,23 +166,29 @@ def _distinct(options: list) -> list:
     return named
 
 
-def _check_reducers(reducers: Sequence[str | Callable]) -> list:
-    """The reducers' options, the exact-mean baseline first; every bad spec
-    named in one UsageError before anything runs."""
+def _check_reducers(reducers: Sequence[str | Callable | Method]) -> tuple[list, dict]:
+    """The reducers' options, the exact-mean baseline first, and each one's
+    Trainer arguments by label; every bad spec named in one UsageError
+    before anything runs."""
     from engine.reducers.options import ReducerOptions
 
     if isinstance(reducers, str) or not reducers:
         raise UsageError("<reducers> must be a list of one reducer or more, e.g. "
                          "['central', 'powersgd:rank=2']")
-    options, bad = [], []
+    options, bad, own = [], [], {}
     for spec in reducers:
+        method = spec if isinstance(spec, Method) else Method(spec)
         try:
-            options.append(ReducerOptions(name=spec))
+            options.append(ReducerOptions(name=method.reducer, display=method.label))
         except UsageError as err:
             bad.append(err.message)
+            continue
+        own[id(options[-1])] = dict(method.trainer)
     if bad:
         raise UsageError("; ".join(bad))
-    options = _distinct(options)
+    named = _distinct(options)
+    overrides = {n.label: own[id(o)] for n, o in zip(named, options)}
+    options = named
     labels = [o.label for o in options]
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
@@ -160,10 +197,11 @@ def _check_reducers(reducers: Sequence[str | Callable]) -> list:
     if exact is None:
         exact = ReducerOptions(name="central")
         options.insert(0, exact)
+        overrides[exact.label] = {}
     else:
         options.remove(exact)
         options.insert(0, exact)
-    return options
+    return options, overrides
 
 
 def _stable(value) -> object:
@@ -195,8 +233,8 @@ def _check_out(out: str, signature: dict) -> None:
         if before != signature:
             changed = sorted(k for k in {**before["trainer"], **signature["trainer"]}
                              if before["trainer"].get(k) != signature["trainer"].get(k))
-            changed += [k for k in ("epochs", "steps_per_epoch", "eval_steps")
-                        if before[k] != signature[k]]
+            changed += [k for k in ("epochs", "steps_per_epoch", "eval_steps", "methods")
+                        if before.get(k) != signature.get(k)]
             raise UsageError(
                 f"<out> {out!r} holds a study of another workload ({', '.join(changed)} "
                 "differ); give another <out>, or the same workload to continue it"
@@ -266,7 +304,9 @@ def _measure(trainer, options, seed: int, folder: str) -> Run:
                "towers": len(info["towers"]),
                "bytes_ratio": mean / report.dense_ring_bytes(info),
                "step_seconds": statistics.median(times[1:] or times),
-               "steps_per_epoch": epochs[-1]["steps"]}
+               "steps_per_epoch": epochs[-1]["steps"],
+               "simulated": max([count for _, count in trainer.placement.simulated()],
+                                default=1)}
     return Run(reducer=options.label, seed=seed, epochs=epochs,
                step_losses=_step_losses(os.path.join(folder, "tensorboard")),
                bytes_per_step=measured,
@@ -283,7 +323,7 @@ def _load_run(path: str) -> Run:
 
 
 def compare(
-    reducers: Sequence[str | Callable],
+    reducers: Sequence[str | Callable | Method],
     *,
     out: str,
     seeds: int = 1,
@@ -305,7 +345,8 @@ def compare(
 
     Args:
       reducers: built-in names, specs with parameters (`powersgd:rank=2`),
-        `package.module:function`, or your functions. The first exact one
+        `package.module:function`, your functions, or `Method`s (a reducer
+        with its own label and Trainer arguments). The first exact one
         (central, ring, tree, ...) is the baseline; `central` is added in
         front when none is listed.
       out: the folder for everything: `study.json`, `table.txt`,
@@ -346,16 +387,20 @@ def compare(
                          "eval_steps of 1 or more, or leave it out for the whole set")
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise UsageError(f"<target_accuracy> ({target_accuracy}) must be in (0, 1]")
-    options = _check_reducers(reducers)
+    options, overrides = _check_reducers(reducers)
     scales = [Scale.parse(s) for s in topologies]
     trainer.setdefault("variables", "replicated")
     signature = _signature(trainer, epochs, steps_per_epoch, eval_steps)
+    methods = {label: {k: _stable(v) for k, v in sorted(given.items())}
+               for label, given in overrides.items() if given}
+    if methods:  # a study without them keeps the signature it had
+        signature["methods"] = methods
     _check_out(out, signature)
     # Every run's Trainer is made now: a workload or pairing that cannot work
     # is refused before the first run trains.
     def make(seed, option):
         return Trainer(reducer=option.name, seed=seed, deterministic=True, stream=stream,
-                       **trainer)
+                       **{**trainer, **overrides[option.label]})
 
     first = make(0, options[0])
     info = first.info
@@ -410,7 +455,8 @@ def compare(
     runs = [dataclasses.replace(run, predictions={s.label: predict(run.figures, s)
                                                   for s in scales}) for run in runs]
     study = Study(reducers=[o.label for o in options], seeds=list(range(seeds)),
-                  scales=scales, target_accuracy=0.0, runs=runs, out=out)
+                  scales=scales, target_accuracy=0.0, runs=runs, out=out,
+                  held_out="perplexity" if info.format == "text" else "accuracy")
     target = target_accuracy or report.default_target(study)
     study = dataclasses.replace(study, target_accuracy=target)
     report.write(study)
