@@ -91,8 +91,9 @@ def test_an_untyped_or_undescribed_parameter_fails_the_build(docs_copy, tmp_path
     models = os.path.join(copy_of_towers(docs_copy), "models", "small.py")
     text = open(models).read()
     open(models, "w").write(text.replace(
-        "def mlp(input_shape: Sequence[int], num_classes: int, dropout: float = 0.2)",
-        "def mlp(input_shape: Sequence[int], num_classes: int, dropout=0.2, width: int = 128)"))
+        "def mlp(input_shape: Sequence[int], num_classes: int, *, dropout: float = 0.2)",
+        "def mlp(input_shape: Sequence[int], num_classes: int, *, dropout=0.2, "
+        "width: int = 128)"))
     result = build(str(docs_copy), str(tmp_path / "site"))
     assert result.returncode == 1
     assert ("public parameters without a type (annotate each): towers.models.mlp(dropout: no "

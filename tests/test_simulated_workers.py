@@ -95,3 +95,19 @@ def test_each_workers_bytes_in_the_placement_log_are_the_formula(mnist_dir, tmp_
         assert per_worker == pytest.approx(formula, rel=1e-12), reducer
         if reducer.startswith("topk"):  # all-gathers: every worker the same
             assert set(sent.values()) == {formula}, reducer
+
+
+def test_towers_that_share_a_device_are_named_as_simulated():
+    from engine.topology.devices import Placement, Tower
+
+    def placement(*devices, physical=None):
+        return Placement(tuple(Tower(k, d, len(devices), physical) for k, d in enumerate(devices)),
+                         "/cpu:0")
+
+    assert placement("/cpu:0", "/cpu:1", "/cpu:2").simulated() == [("this host's CPU", 3)]
+    assert placement("/cpu:0").simulated() == []
+    assert placement("/gpu:0", "/gpu:1").simulated() == []  # two real GPUs
+    assert placement("/gpu:0", "/gpu:1", physical=0).simulated() == [("this host's GPU 0", 2)]
+    assert placement("/job:worker/task:1/cpu:0", "/job:worker/task:1/cpu:1",
+                     "/job:worker/task:2/cpu:0").simulated() == [
+        ("/job:worker/task:1's CPU", 2)]

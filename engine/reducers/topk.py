@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from engine.reducers.base import ReducerError
 from engine.reducers.feedback import ErrorFeedback
+from engine.reducers.stateful import ReducerContext
 
 
 class TopK(ErrorFeedback):
@@ -62,7 +63,7 @@ class TopK(ErrorFeedback):
         self.ratio = ratio
         self.momentum = momentum
 
-    def build(self, context) -> None:
+    def build(self, context: ReducerContext) -> None:
         super().build(context)
         if self.momentum:
             # Not `residuals`: what they hold is owed to the velocities, not

@@ -60,8 +60,7 @@ def describe(
     for physical, count in placement.simulated():
         lines.append(
             f"  shared   {count} towers simulated on {physical}: each its own shard, gradient "
-            f"and reducer state, as {count} devices would compute, bytes counted between them "
-            "as between devices; the time is one device's")
+            "and reducer state; bytes counted as between devices, the time shared")
     model_options, reducer = options.model, options.reducer
     note = model_options.learning_rate_note
     lr = f"lr {model_options.learning_rate:.4g}" + (f" ({note})" if note else "")

@@ -109,7 +109,7 @@ STUDIES = {study.name: study for study in (
                learning_rate=0.05, epochs=4, steps_per_epoch=None, eval_steps=None,
                compute_ms=3.8,  # one H100, batch 128, XLA (2026-12-07): a worker's at most
                summary="ResNet-20 on the real MNIST as JPEGs, one pass an epoch "
-                       "(234 steps of 16 x 16 digits)"),
+                       "(234 steps, 16 digits a worker)"),
     NamedStudy(name="papers-transformer", model="transformer", data="text", batch_size=8,
                learning_rate=0.05, epochs=4, steps_per_epoch=200, eval_steps=20,
                compute_ms=3.0,  # one H100, batch 128, XLA (2026-12-07): a worker's at most
