@@ -1,11 +1,11 @@
 import towers
 from towers.study import papers
 
-# Three of the papers' methods on eight workers simulated on this CPU.
+# Three of the papers' methods on four workers simulated on this CPU.
 chosen = [m for m in papers.METHODS if m.label in ("SGD (exact mean)", "DGC 1%", "EF-signSGD")]
-study = towers.compare(chosen, out="papers", devices="cpu:8", model="lenet",
+study = towers.compare(chosen, out="papers", devices="cpu:4", model="lenet",
                        optimizer="momentum", learning_rate=0.05, epochs=1,
-                       steps_per_epoch=30, eval_steps=4, verbose=0,
+                       steps_per_epoch=40, eval_steps=4, verbose=0,
                        topologies=["2x8-ethernet-10g:16"])
 for row in study.rows():
     print(f"{row['reducer']:16} accuracy {row['final_accuracy']:.3f}, "

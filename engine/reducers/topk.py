@@ -51,6 +51,7 @@ class TopK(ErrorFeedback):
     """
 
     def __init__(self, ratio: float = 0.01, feedback: bool = True, momentum: float = 0.0):
+        # With momentum, the accumulation is what carries the unsent (build).
         super().__init__(name="topk", feedback=feedback and not momentum)
         if not 0 < ratio <= 1:
             raise ReducerError(f"<reducer> topk: ratio ({ratio}) must be in (0, 1]")
