@@ -111,11 +111,11 @@ def powersgd(mnist: str, out: str) -> None:
 
 def logs(mnist: str, out: str) -> None:
     """One step of each compressing reducer the bytes test prices, with its
-    placement log (LeNet: convolution kernels are reshaped to matrices)."""
+    placement log."""
     for reducer in ("powersgd:rank=4", "topk:ratio=0.001"):
         trainer = towers.Trainer(f"cpu:{WORKERS}", batch_size=BATCH, reducer=reducer,
                                  variables="replicated", data=towers.data.directory(mnist),
-                                 **{**COMMON, "model": "lenet"})
+                                 **COMMON)
         trainer.fit(epochs=1, steps_per_epoch=1, eval_steps=0, verbose=0,
                     placement_log=os.path.join(out, f"{reducer}.jsonl"))
 

@@ -48,10 +48,10 @@ def test_powersgd_keeps_sixteen_residuals_that_resume_bit_for_bit(mnist_dir, tmp
     assert not np.array_equal(state["at_three"], straight)  # and they moved after it
 
 
-def lenet_shapes() -> list[tuple[int, ...]]:
+def mlp_shapes() -> list[tuple[int, ...]]:
     from towers import models
 
-    return [tuple(v.shape) for v in models.lenet((28, 28, 1), 10).trainable_variables]
+    return [tuple(v.shape) for v in models.mlp((28, 28, 1), 10).trainable_variables]
 
 
 def powersgd_bytes(shapes, rank: int) -> float:
@@ -79,9 +79,9 @@ def topk_bytes(shapes, density: float) -> int:
 @pytest.mark.slow
 def test_each_workers_bytes_in_the_placement_log_are_the_formula(mnist_dir, tmp_path):
     simulate("logs", mnist_dir, tmp_path)
-    shapes = lenet_shapes()
-    # LeNet at rank 4: the second convolution's kernel, [5 5 6, 16], is
-    # factored; the first's, [5 5 1, 6], is not (150 < 2 x 4 x 31).
+    shapes = mlp_shapes()
+    # The kernels, [784, 128] and [128, 10], are factored at rank 4 (1,280 >=
+    # 2 x 4 x 138); the biases go whole.
     expected = {"powersgd:rank=4": powersgd_bytes(shapes, 4),
                 "topk:ratio=0.001": topk_bytes(shapes, 0.001)}
     for reducer, formula in expected.items():
