@@ -15,6 +15,9 @@ __all__ = ["tower_compare", "main"]
 
 # The named studies (towers.study.papers), without importing TensorFlow.
 STUDY_NAMES = ("papers-lenet", "papers-resnet20", "papers-transformer")
+# The flags that say which data a workload reads (towers.cli.train.data_source).
+DATA_FLAGS = ("data_path", "data_format", "seq_len", "data_pipeline", "synthetic_samples",
+              "num_classes")
 # tower-train's flags that define the workload, as it defines them.
 WORKLOAD = ("devices", "gpu_memory", "reduce_device", "data_path", "data_format", "seq_len",
             "image_size", "num_classes", "synthetic_samples", "augment", "data_pipeline",
@@ -47,12 +50,9 @@ def _named(study: str, flags: dict, reducers, seeds, topologies, epochs) -> dict
 
     arguments = papers.STUDIES[study].arguments()
     given = {name: value for name, value in flags.items() if _given(name)}
-    if any(name in given for name in ("data_path", "data_format", "seq_len", "data_pipeline",
-                                      "synthetic_samples", "num_classes")):
+    data_flags = [name for name in DATA_FLAGS if given.pop(name, None) is not None]
+    if data_flags:  # the data the command line names, in place of the study's
         given["data"] = data_source(flags)
-    for name in ("data_path", "data_format", "seq_len", "data_pipeline", "synthetic_samples",
-                 "num_classes"):
-        given.pop(name, None)
     arguments.update(given)
     for name, value in (("reducers", list(reducers)), ("seeds", seeds),
                         ("topologies", list(topologies)), ("epochs", epochs)):
