@@ -175,20 +175,18 @@ def _check_reducers(reducers: Sequence[str | Callable | Method]) -> tuple[list, 
     if isinstance(reducers, str) or not reducers:
         raise UsageError("<reducers> must be a list of one reducer or more, e.g. "
                          "['central', 'powersgd:rank=2']")
-    options, bad, own = [], [], {}
+    options, trainers, bad = [], [], []
     for spec in reducers:
         method = spec if isinstance(spec, Method) else Method(spec)
         try:
             options.append(ReducerOptions(name=method.reducer, display=method.label))
+            trainers.append(dict(method.trainer))
         except UsageError as err:
             bad.append(err.message)
-            continue
-        own[id(options[-1])] = dict(method.trainer)
     if bad:
         raise UsageError("; ".join(bad))
-    named = _distinct(options)
-    overrides = {n.label: own[id(o)] for n, o in zip(named, options)}
-    options = named
+    options = _distinct(options)  # in the order given
+    overrides = {o.label: given for o, given in zip(options, trainers)}
     labels = [o.label for o in options]
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
