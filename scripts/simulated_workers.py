@@ -66,28 +66,39 @@ def main() -> None:
     if args.worker:
         print(json.dumps(one_run(json.loads(args.worker))))
         return
+    unknown = [m for m in args.models.split(",") if m not in DATA]
+    if unknown:
+        parser.error(f"--models: {', '.join(unknown)} not among {', '.join(DATA)}")
     n, one_device = args.workers, "0" if args.device == "gpu" else "/cpu:0"
     xlas = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.xla]
     rows = []
+
+    def measured(config: dict, route: str, base: dict | None = None) -> dict:
+        """Runs one configuration (saying so first: a run traces for minutes)
+        and prints its row as soon as it ends."""
+        print(f"{config['model']:<12} xla {str(config['xla']):<5} {route:<36} ...", flush=True)
+        row = {**run(config), "route": route}
+        if base is not None and "step_ms" in row and "step_ms" in base:
+            row["vs_one"] = row["step_ms"] / base["step_ms"]
+        if "error" in row:
+            print(f"{'':<22}{route:<36} error: {row['error']}", flush=True)
+        else:
+            ratio = f"{row['vs_one']:.2f}x" if "vs_one" in row else ""
+            print(f"{'':<22}{route:<36} batch {row['batch']:>4} x {row['towers']:>2}  "
+                  f"{row['step_ms']:8.1f} ms/step  {row['samples_per_second']:9.0f} "
+                  f"samples/s  {ratio}", flush=True)
+        rows.append(row)
+        return row
+
     for model in args.models.split(","):
         for xla in xlas:
-            base = run({"model": model, "devices": one_device, "batch": n * args.batch,
-                        "reducer": "central", "xla": xla, "steps": args.steps})
-            rows.append({**base, "route": "one tower"})
+            base = measured({"model": model, "devices": one_device, "batch": n * args.batch,
+                             "reducer": "central", "xla": xla, "steps": args.steps},
+                            "one tower")
             for reducer in ("central", "powersgd:rank=2"):
-                row = run({"model": model, "devices": f"{args.device}:{n}",
-                           "batch": args.batch, "reducer": reducer, "xla": xla,
-                           "steps": args.steps})
-                rows.append({**row, "route": f"{n} simulated workers, {reducer}",
-                             "vs_one": row.get("step_ms", 0) / base.get("step_ms", 1)})
-            for row in rows[-3:]:
-                if "error" in row:
-                    print(f"{model:<12} {row['route']:<36} error: {row['error']}", flush=True)
-                    continue
-                ratio = f"{row['vs_one']:.2f}x" if "vs_one" in row else "1.00x"
-                print(f"{model:<12} xla {str(xla):<5} {row['route']:<36} batch "
-                      f"{row['batch']:>4} x {row['towers']:>2}  {row['step_ms']:8.1f} ms/step  "
-                      f"{row['samples_per_second']:9.0f} samples/s  {ratio}", flush=True)
+                measured({"model": model, "devices": f"{args.device}:{n}", "batch": args.batch,
+                          "reducer": reducer, "xla": xla, "steps": args.steps},
+                         f"{n} simulated workers, {reducer}", base)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "simulated-workers.json"), "w") as stream:
         json.dump(rows, stream, indent=1)
