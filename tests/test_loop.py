@@ -12,6 +12,7 @@ from conftest import flag_message
 from engine.core import loop
 from engine.core.options import LoopOptions
 from engine.core.progress import EpochProgress, MetricsFile
+from engine.core.step import StepOutputs
 
 
 class FakeStep:
@@ -26,21 +27,21 @@ class FakeStep:
         self.loss_scale = type("NoScale", (), {"dynamic": False})()
         self.calls = []
 
-    def reset_metrics(self):
-        pass
-
-    def metrics(self):
-        return {"steps": 0, "loss": 1.0, "accuracy": 0.5}
+    top_k_name = None
+    sums = type("Sums", (), {"reset": lambda self: None,
+                             "averages": lambda self: {"steps": 0, "loss": 1.0,
+                                                       "accuracy": 0.5}})()
 
     def _run(self, count):
         self.calls.append(count)
         self.global_step.assign_add(count)
-        return {"loss": tf.ones([count]), "accuracy": tf.fill([count], 0.5),
-                "finite": tf.ones([count, 1], tf.bool), "overflow": tf.zeros([count], tf.bool),
-                "learning_rate": tf.fill([count], 0.1)}
+        return StepOutputs(loss=tf.ones([count]), accuracy=tf.fill([count], 0.5),
+                           finite=tf.ones([count, 1], tf.bool),
+                           overflow=tf.zeros([count], tf.bool),
+                           learning_rate=tf.fill([count], 0.1))
 
     def train(self, iterators):
-        return {key: value[0] for key, value in self._run(1).items()}
+        return StepOutputs(*(None if v is None else v[0] for v in self._run(1)))
 
     def train_loop(self, iterators, count, halt=True):
         return self._run(int(count))

@@ -50,7 +50,7 @@ def tower_iterators(digits, step, steps=STEPS):
 
 def train_losses(digits, step, steps=STEPS):
     iterators = tower_iterators(digits, step, steps)
-    return [float(step.train(iterators)["loss"]) for _ in range(steps)]
+    return [float(step.train(iterators).loss) for _ in range(steps)]
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +101,11 @@ def test_an_overflowing_loss_scale_halves_and_skips_until_it_fits(digits, tmp_pa
     for n in range(1, 61):
         scales.append(float(step.loss_scale.scale.numpy()))
         outputs = step.train(iterators)
-        guard.after_step(n, outputs)  # an overflow must not stop the run
-        overflows.append(bool(outputs["overflow"]))
-        losses.append(float(outputs["loss"]))
+        guard.after_step(n, loop.per_step(outputs)[0])  # an overflow must not stop the run
+        overflows.append(bool(outputs.overflow))
+        losses.append(float(outputs.loss))
         if n == 1:
-            assert not outputs["finite"].numpy().any()  # both towers overflowed
+            assert not outputs.finite.numpy().any()  # both towers overflowed
             for old, new in zip(before, step.model.trainable_variables):
                 np.testing.assert_array_equal(old, new.numpy())  # update skipped
 
@@ -116,7 +116,7 @@ def test_an_overflowing_loss_scale_halves_and_skips_until_it_fits(digits, tmp_pa
     assert int(step.loss_scale.overflows.numpy()) == sum(overflows)
     assert int(step.skipped.numpy()) == 0  # overflows are not counted as skipped
     assert int(step.global_step.numpy()) == 60
-    assert int(step.steps.numpy()) == 60 - sum(overflows)  # the steps that updated
+    assert int(step.sums.steps.numpy()) == 60 - sum(overflows)  # the steps that updated
     # Then training proceeds at a scale that fits, overflowing only now and then.
     assert sum(overflows[k:]) <= 0.15 * (60 - k), overflows
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[k : k + 5]), losses

@@ -191,7 +191,7 @@ def train_losses(digits, reducer_name, variables_cls, num_towers=4, pack_bytes=0
         with tf.device(tower.device):
             dataset = tf.data.Dataset.from_tensor_slices((images[part], labels[part])).batch(BATCH)
             iterators.append(iter(dataset))
-    return [float(step.train(iterators)["loss"]) for _ in range(STEPS)], step
+    return [float(step.train(iterators).loss) for _ in range(STEPS)], step
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from engine.core import loop
-from engine.core.step import TowerStep, tower_gradients
+from engine.core.step import TowerStep
+from engine.core.tower import tower_gradients
 from engine.core.variables import ReduceDeviceVariables
 from engine.placement import log as placement
 from engine.reducers.central import Central
@@ -72,7 +73,7 @@ def test_update_applies_the_mean_not_the_sum(digits):
 
     for old, new, grad in zip(before, step.model.trainable_variables, whole.grads):
         np.testing.assert_allclose(new.numpy(), old - 0.5 * grad.numpy(), atol=2e-6)
-    metrics = step.metrics()
+    metrics = step.sums.averages()
     assert metrics["steps"] == 1
     np.testing.assert_allclose(metrics["loss"], whole.loss.numpy(), rtol=1e-5)
 
@@ -114,15 +115,15 @@ def test_a_loop_of_steps_equals_the_steps_one_by_one(digits):
 
     one_by_one, looped = make_step(2), make_step(2)
     iterators = digit_iterators(digits, one_by_one.placement, 6, BATCH)
-    losses = [float(one_by_one.train(iterators)["loss"]) for _ in range(6)]
+    losses = [float(one_by_one.train(iterators).loss) for _ in range(6)]
     outputs = looped.train_loop(digit_iterators(digits, looped.placement, 6, BATCH),
                                 tf.constant(6))
     # Every step's own loss comes back, not only the last one's.
-    assert outputs["loss"].numpy().tolist() == losses
+    assert outputs.loss.numpy().tolist() == losses
     assert int(looped.global_step.numpy()) == int(one_by_one.global_step.numpy()) == 6
     for a, b in zip(one_by_one.model.trainable_variables, looped.model.trainable_variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert looped.metrics() == one_by_one.metrics()
+    assert looped.sums.averages() == one_by_one.sums.averages()
 
 
 def test_a_loop_ends_at_its_first_non_finite_step():
@@ -142,9 +143,9 @@ def test_a_loop_ends_at_its_first_non_finite_step():
     outputs = step.train_loop(iterators, tf.constant(10))
     # The loop runs its ten steps (its condition never waits on the device),
     # but after step 6 none of them leaves a trace: the state is step 6's.
-    assert outputs["finite"].numpy()[:, 1].tolist() == [True] * 5 + [False] * 5
+    assert outputs.finite.numpy()[:, 1].tolist() == [True] * 5 + [False] * 5
     assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (6, 1)
-    assert step.metrics()["steps"] == 5  # the sixth update was not applied
+    assert step.sums.averages()["steps"] == 5  # the sixth update was not applied
     steps = loop.per_step(outputs)
     assert len(steps) == 6 and steps[-1]["block_end"]
     assert steps[-1]["finite"].tolist() == [True, False]
@@ -152,4 +153,4 @@ def test_a_loop_ends_at_its_first_non_finite_step():
     # poisoned: ten more steps, all skipped.
     step.train_loop(iterators, tf.constant(10), False)
     assert (int(step.global_step.numpy()), int(step.skipped.numpy())) == (16, 11)
-    assert step.metrics()["steps"] == 5
+    assert step.sums.averages()["steps"] == 5

@@ -10,7 +10,7 @@ import tensorflow as tf
 from conftest import flag_message
 
 import towers
-from engine.core.step import count_correct
+from engine.core.tower import count_correct
 from engine.errors import UsageError
 
 

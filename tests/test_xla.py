@@ -73,7 +73,7 @@ def test_xla_training_decreases_the_loss_like_the_plain_step(digits):
     for xla in (False, True):
         step = make_step(xla=xla, optimizer=lambda: keras.optimizers.Adam(2e-3))
         iterators = tower_iterators(digits, step)
-        losses[xla] = [float(step.train(iterators)["loss"]) for _ in range(STEPS)]
+        losses[xla] = [float(step.train(iterators).loss) for _ in range(STEPS)]
     first, last = np.mean(losses[True][:5]), np.mean(losses[True][-5:])
     assert last < 0.5 * first, losses[True]
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
@@ -115,11 +115,11 @@ def test_xla_towers_take_the_loss_scale_from_the_reduce_device(digits):
         loss_scale=DynamicLossScale("/cpu:0", initial=2.0**30),
     )
     iterators = tower_iterators(digits, step, steps=20)
-    overflows = [bool(step.train(iterators)["overflow"]) for _ in range(20)]
+    overflows = [bool(step.train(iterators).overflow) for _ in range(20)]
     k = overflows.index(False)
     assert overflows[:k] == [True] * k and k >= 5
     assert float(step.loss_scale.scale.numpy()) <= 2.0**30 / 2**k
-    assert int(step.steps.numpy()) == 20 - sum(overflows) > 0
+    assert int(step.sums.steps.numpy()) == 20 - sum(overflows) > 0
 
 
 @pytest.mark.slow
@@ -178,13 +178,13 @@ def test_a_tower_on_its_variables_device_is_compiled_whole_and_trains_like_the_p
         step = one_tower_step(xla=xla)
         assert step.whole_step == xla
         iterators = tower_iterators(digits, step, steps)
-        losses[xla] = [float(step.train(iterators)["loss"]) for _ in range(steps)]
+        losses[xla] = [float(step.train(iterators).loss) for _ in range(steps)]
         models_[xla] = step
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
     for a, b in zip(models_[False].model.trainable_variables,
                     models_[True].model.trainable_variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
-    assert models_[True].metrics()["steps"] == steps
+    assert models_[True].sums.averages()["steps"] == steps
     assert int(models_[True].global_step.numpy()) == steps
 
     step = one_tower_step(xla=True)
@@ -204,11 +204,11 @@ def test_the_whole_step_program_skips_and_halves_on_a_loss_scale_overflow(digits
     step = one_tower_step(xla=True, compute_dtype="float16",
                           loss_scale=DynamicLossScale("/cpu:0", initial=2.0**30))
     iterators = tower_iterators(digits, step, steps=20)
-    overflows = [bool(step.train(iterators)["overflow"]) for _ in range(20)]
+    overflows = [bool(step.train(iterators).overflow) for _ in range(20)]
     k = overflows.index(False)
     assert overflows[:k] == [True] * k and k >= 5
     assert float(step.loss_scale.scale.numpy()) <= 2.0**30 / 2**k
-    assert int(step.steps.numpy()) == 20 - sum(overflows) > 0
+    assert int(step.sums.steps.numpy()) == 20 - sum(overflows) > 0
 
 
 def test_the_whole_step_program_has_no_branch_and_a_bad_step_leaves_no_trace(digits):
@@ -226,12 +226,12 @@ def test_the_whole_step_program_has_no_branch_and_a_bad_step_leaves_no_trace(dig
     step._update_on(batches, tf.constant(True))  # one good step: Adam's slots are not zero
     written = step.variables.updated_variables()
     state = lambda: [np.array(v.numpy()) for v in [*written, step.loss_scale.scale,  # noqa: E731
-                                                   step.loss_scale.good_steps, step.steps]]
+                                                   step.loss_scale.good_steps, step.sums.steps]]
     before = state()
     images, labels = batches[0]
     poisoned = [(images * float("nan"), labels)]
     outputs = step._update_on(poisoned, tf.constant(True))
-    assert not outputs["finite"].numpy().any() and not bool(outputs["overflow"])
+    assert not outputs.finite.numpy().any() and not bool(outputs.overflow)
     after_nan = state()
     outputs = step._update_on(batches, tf.constant(False))  # finite, but not allowed
     for want, *got in zip(before, after_nan, state()):

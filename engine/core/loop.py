@@ -12,7 +12,7 @@ import tensorflow as tf
 from engine import data
 from engine.core.options import LoopOptions
 from engine.core.progress import EpochProgress, MetricsFile, figures
-from engine.core.step import TowerStep
+from engine.core.step import StepOutputs, TowerStep
 
 
 def plain_call(kind: str, function: Callable, *args):
@@ -114,7 +114,7 @@ def run(
         progress.start(epoch, options.epochs)
         first = done % per_epoch + 1
         if first == 1:
-            step.reset_metrics()  # a resumed epoch keeps the sums it restored
+            step.sums.reset()  # a resumed epoch keeps the sums it restored
         skipped_before = int(step.skipped.numpy())
         start = time.perf_counter()
         # The rate is timed from `timed`, the first step it counts: after the
@@ -144,12 +144,12 @@ def run(
                 progress.update(
                     k - 1,
                     per_epoch,
-                    {**figures(step.metrics()),
+                    {**figures(step.sums.averages()),
                      rate: (k - timed) * global_batch / elapsed if k > timed else None},
                 )
         end = time.perf_counter()
         seconds = end - start
-        record = {"epoch": epoch, **step.metrics()}
+        record = {"epoch": epoch, **step.sums.averages()}
         record["images_per_sec"] = (per_epoch - timed + 1) * global_batch / (end - clock)
         record["seconds"] = seconds
         record["skipped"] = int(step.skipped.numpy())
@@ -199,18 +199,22 @@ def _train_steps(step: TowerStep, iterators, call, options: LoopOptions, done: i
     if count == 1:
         # One step goes as one step: a placement log then captures the
         # step's graph, not a while loop's body.
-        return per_step(call("train", step.train, iterators), halt)
+        return per_step(call("train", step.train, iterators), halt, step.top_k_name)
     return per_step(
-        call("train", step.train_loop, iterators, tf.constant(count, tf.int32), halt), halt)
+        call("train", step.train_loop, iterators, tf.constant(count, tf.int32), halt), halt,
+        step.top_k_name)
 
 
-def per_step(outputs: dict, halt: bool = True) -> list[dict]:
+def per_step(outputs: StepOutputs, halt: bool = True, top_k_name: str | None = None
+             ) -> list[dict]:
     """The steps of one call as host values, one dict each (the Watcher's
-    `outputs`), read from the device at once: the outputs of one step
-    (`TowerStep.train`) or of a loop (`TowerStep.train_loop`, stacked).
-    With `halt`, none after the first step that was neither finite nor a
-    loss-scale overflow: the loop left no trace of those."""
-    values = {key: np.asarray(value) for key, value in outputs.items()}
+    `outputs`, the top-k accuracy named `top_k_name`), read from the device
+    at once: the outputs of one step (`TowerStep.train`) or of a loop
+    (`TowerStep.train_loop`, stacked). With `halt`, none after the first
+    step that was neither finite nor a loss-scale overflow: the loop left
+    no trace of those."""
+    values = {(top_k_name if key == "top_k_accuracy" else key): np.asarray(value)
+              for key, value in outputs._asdict().items() if value is not None}
     if values["loss"].ndim == 0:
         values = {key: value[np.newaxis] for key, value in values.items()}
     count = len(values["loss"])

@@ -1,10 +1,9 @@
 """The training and evaluation steps: every tower, the reduction, the update.
 
-Each tower runs forward *and* backward under its own `tf.device`:
-`tape.gradient` is called inside the tower's device scope, otherwise
-TensorFlow would put the backward pass on the current device (the classic
-all-gradients-on-gpu:0 trap). Variables live on the reduce device; towers read
-them. One `tf.function` holds all towers, the reduction and the update.
+Each tower runs forward *and* backward under its own `tf.device`
+(engine.core.tower). Variables live where the variable mode keeps them;
+towers read them. One `tf.function` holds all towers, the reduction and the
+update; what XLA compiles of it is engine.core.compile's.
 """
 
 from __future__ import annotations
@@ -12,31 +11,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import keras
 import tensorflow as tf
 
 from engine import scopes
+from engine.core.compile import CompilePolicy
 from engine.core.loss_scale import NoLossScale
-from engine.core.losses import Loss, sample_means, sparse_cross_entropy
+from engine.core.losses import Loss, sparse_cross_entropy
 from engine.core.on_device import OnDevice
+from engine.core.sums import EpochSums
+from engine.core.tower import (
+    TowerResult,
+    accumulated,
+    count_correct,
+    evaluation_counts,
+    tower_gradients,
+)
 from engine.core.variables import VariableMode
 from engine.reducers.base import Reducer, mean
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import Placement
 from engine.userfn import calling
 
-
-class TowerResult(NamedTuple):
-    """What one tower computed on its batch (a tuple, so tf.function returns it)."""
-
-    loss: tf.Tensor  # mean over the tower's batch
-    correct: tf.Tensor  # number of right predictions, float32
-    grads: list[tf.Tensor]
-    finite: tf.Tensor  # loss and every gradient finite, bool
-    top_k_correct: tf.Tensor  # label among the k largest outputs (0 without top_k)
-    # With accumulation, the model's non-trainable values after the tower's
-    # micro-batches, to be written once every tower has run; else None.
-    state: list | None = None
+__all__ = ["Reduced", "StepOutputs", "TowerStep", "count_correct", "tower_gradients"]
 
 
 class Reduced(NamedTuple):
@@ -49,130 +45,25 @@ class Reduced(NamedTuple):
     top_k_correct: tf.Tensor  # total over towers
 
 
-def sample_labels(labels: tf.Tensor) -> tf.Tensor:
-    """Labels as the losses take them: [B] for one label per sample (a
-    batch of [B, 1]), [B, T] for one per position (a language model's)."""
-    labels = tf.convert_to_tensor(labels)
-    if labels.shape.rank is not None and labels.shape.rank >= 2 and labels.shape[-1] == 1:
-        return tf.reshape(labels, [-1])
-    return labels
+class StepOutputs(NamedTuple):
+    """What one training step gives the host (stacked [count, ...] from a
+    loop of steps); `grad_norm` only with `clip_norm`, `top_k_accuracy`
+    only with `top_k`, else None."""
+
+    loss: tf.Tensor  # float32, the mean over towers
+    accuracy: tf.Tensor  # float64
+    finite: tf.Tensor  # [towers] bool: each tower's loss and gradients finite
+    overflow: tf.Tensor  # bool: the loss scale overflowed (a routine skip)
+    learning_rate: tf.Tensor  # float32: the rate this step's update used
+    grad_norm: tf.Tensor | None = None  # float32: before clipping
+    top_k_accuracy: tf.Tensor | None = None  # float64
 
 
-def count_correct(labels: tf.Tensor, outputs: tf.Tensor, k: int = 1) -> tf.Tensor:
-    """Per sample, 1.0 where the label's output (probability or logit) is the
-    largest, or with `k` among the k largest (top-k accuracy, as Keras'
-    `SparseTopKCategoricalAccuracy`); with a label per position, the
-    fraction of positions right."""
-    if k == 1:
-        predicted = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
-        return sample_means(tf.cast(predicted == labels, tf.float32))
-    top = tf.math.top_k(outputs, k=k, sorted=False).indices
-    hits = tf.reduce_any(top == tf.cast(labels, tf.int32)[..., tf.newaxis], axis=-1)
-    return sample_means(tf.cast(hits, tf.float32))
-
-
-def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
-
-
-def tower_gradients(
-    model: keras.Model, images, labels, scale=None, loss: Loss = sparse_cross_entropy,
-    model_label: str | None = None, top_k: int = 0,
-) -> TowerResult:
-    """Forward and backward of one tower, on the device scope it is called in.
-
-    The loss is computed in float32 whatever the layers compute in. With a
-    loss `scale` (a float32 scalar), the backward pass starts from the scaled
-    loss and the gradients are divided by the scale again, here on the tower.
-    `loss` gives one value per sample (engine.core.losses); with `top_k`,
-    the samples whose label is among the k largest outputs are counted too.
-    """
-    labels = sample_labels(labels)
-    variables = model.trainable_variables
-    with tf.GradientTape() as tape:
-        with calling("model", model_label or model.name, "cannot train here:"):
-            outputs = tf.cast(model(images, training=True), tf.float32)
-        loss = tf.reduce_mean(loss(labels, outputs))
-        scaled = loss if scale is None else loss * scale
-    grads = tape.gradient(scaled, variables)
-    if scale is not None:
-        grads = [None if g is None else g / scale for g in grads]
-    # No per-tower timestamps here: tf.timestamp is stateful, and tf.function
-    # orders stateful ops in program order, which would run the towers one
-    # after another.
-    # A None gradient (a variable the loss does not use) is the reducer's to
-    # report, with a message that says so.
-    finite = all_finite([loss, *(g for g in grads if g is not None)])
-    top = (tf.reduce_sum(count_correct(labels, outputs, top_k)) if top_k
-           else tf.constant(0.0))
-    return TowerResult(loss, tf.reduce_sum(count_correct(labels, outputs)), grads, finite, top)
-
-
-def accumulated(
-    model: keras.Model, images, labels, scale=None, loss: Loss = sparse_cross_entropy,
-    model_label: str | None = None, top_k: int = 0,
-) -> TowerResult:
-    """`tower_gradients` over K micro-batches (`images` and `labels`
-    stacked [K, B, ...]) one after another, and their mean gradient.
-
-    The tower reads the weights once; then the micro-batches run in turn
-    (the first, then a `tf.while_loop` of one iteration at a time over the
-    rest) on those values, the model called as usual inside a
-    `keras.StatelessScope`: one micro-batch's activations are alive at a
-    time, and weights kept on another device cross to the tower once per
-    step, not once per micro-batch. The model's other state (BatchNorm's
-    moving statistics, dropout's seeds) goes from one micro-batch to the
-    next and comes back in `state`, for the caller to write once all
-    towers have run. Micro-batches of one size make the mean of their
-    losses and gradients those of one batch of all K x B samples, within
-    rounding; BatchNorm aside, which normalises by each micro-batch's own
-    statistics. A gradient TensorFlow gives as slices (an embedding's) is
-    summed dense; one the loss does not reach stays None.
-    """
-    trainable, others = model.trainable_variables, model.non_trainable_variables
-    weights = [tf.identity(v) for v in trainable]
-    name = model_label or model.name
-
-    def one(k, state):
-        batch_labels = sample_labels(labels[k])
-        mapping = list(zip(trainable, weights)) + list(zip(others, state))
-        with tf.GradientTape() as tape:
-            tape.watch(weights)
-            with keras.StatelessScope(state_mapping=mapping) as scope, calling(
-                    "model", name, "cannot train here:"):
-                outputs = tf.cast(model(images[k], training=True), tf.float32)
-            value = tf.reduce_mean(loss(batch_labels, outputs))
-            scaled = value if scale is None else value * scale
-        grads = [None if g is None else tf.convert_to_tensor(g)
-                 for g in tape.gradient(scaled, weights)]
-        if scale is not None:
-            grads = [None if g is None else g / scale for g in grads]
-        top = (tf.reduce_sum(count_correct(batch_labels, outputs, top_k)) if top_k
-               else tf.constant(0.0))
-        return TowerResult(value, tf.reduce_sum(count_correct(batch_labels, outputs)), grads,
-                           all_finite([value, *(g for g in grads if g is not None)]), top,
-                           [scope.get_current_value(v) for v in others])
-
-    first = one(0, [tf.identity(v) for v in others])
-    present = [i for i, g in enumerate(first.grads) if g is not None]
-
-    def body(k, state, loss_sum, correct, top, finite, sums):
-        result = one(k, state)
-        return (k + 1, result.state, loss_sum + result.loss, correct + result.correct,
-                top + result.top_k_correct, tf.logical_and(finite, result.finite),
-                [total + result.grads[i] for total, i in zip(sums, present)])
-
-    count = tf.shape(images)[0]
-    _, state, loss_sum, correct, top, finite, sums = tf.while_loop(
-        lambda k, *_: k < count, body,
-        (tf.constant(1), first.state, first.loss, first.correct, first.top_k_correct,
-         first.finite, [first.grads[i] for i in present]),
-        parallel_iterations=1)
-    share = 1.0 / tf.cast(count, tf.float32)
-    grads = [None] * len(first.grads)
-    for i, total in zip(present, sums):
-        grads[i] = total * tf.cast(share, total.dtype)
-    return TowerResult(loss_sum * share, correct, grads, finite, top, state)
+# Each output's dtype, in the order of StepOutputs.
+OUTPUT_DTYPES = StepOutputs(tf.float32, tf.float64, tf.bool, tf.bool, tf.float32,
+                            tf.float32, tf.float64)
+GRAD_NORM = StepOutputs._fields.index("grad_norm")
+TOP_K = StepOutputs._fields.index("top_k_accuracy")
 
 
 class TowerStep:
@@ -189,14 +80,9 @@ class TowerStep:
         and its state is part of `trackables`.
       loss_scale: engine.core.loss_scale.NoLossScale, or DynamicLossScale for
         float16 towers.
-      xla: compile with XLA. When the towers, the variables and the reduce
-        device are one device (one tower whose variables live on it), the
-        whole step after the input (forward, backward, reduction, loss
-        scale, the non-finite skip, the update and the metric sums) is one
-        compiled program, as Keras' `jit_compile` compiles its train step:
-        nothing in it waits on the host. Otherwise each tower's forward and
-        backward is one cluster on its device; the cluster reads the
-        variables itself, so they must be on the tower's device.
+      xla: compile with XLA (engine.core.compile.CompilePolicy): the whole
+        step where the towers, variables and reduce device are one device,
+        else each tower's forward and backward.
       loss: per-sample loss of (labels, outputs) (engine.core.losses);
         default: cross-entropy of softmax outputs.
       clip_norm: scale the reduced gradients so their global norm is at
@@ -206,8 +92,8 @@ class TowerStep:
         outputs (`top_k_name`, top-5 accuracy for k=5); 0: not.
       accumulate: micro-batches per tower per step (gradient
         accumulation): each tower takes this many batches in turn and
-        averages their gradients (`accumulated`) before the one reduction
-        and update of the step.
+        averages their gradients (engine.core.tower.accumulated) before
+        the one reduction and update of the step.
       model_label, reducer_label: how messages name the model and the
         reducer when they raise.
     """
@@ -245,25 +131,13 @@ class TowerStep:
         def forward_backward(model, images, labels, scale):
             return one_tower(model, images, labels, scale, loss, self.model_label, top_k)
 
-        # With the whole step compiled, the towers are part of that program.
-        self.whole_step = xla and placement.one_device
-        per_tower = xla and not self.whole_step
-        # One compiled function; it is traced once per model copy it is given.
-        self._tower_gradients = (
-            tf.function(forward_backward, jit_compile=True) if per_tower else forward_backward
-        )
-        self._update_on = self._update_on_batches
-        self._evaluate_on = self._evaluate_on_batches
-        if self.whole_step:
-            self._update_on = tf.function(self._update_on_batches, jit_compile=True)
-            self._evaluate_on = tf.function(self._evaluate_on_batches, jit_compile=True)
+        self.compile = CompilePolicy(xla, placement.one_device)
+        self._tower_gradients = self.compile.tower(forward_backward)
+        self._update_on = self.compile.step(self._update_on_batches)
+        self._evaluate_on = self.compile.step(self._evaluate_on_batches)
         with tf.device(placement.reduce_device):
             # Running sums for the epoch's averages, read once per progress line.
-            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-            self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-            self.samples = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
-            self.top_k_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.sums = EpochSums(top_k)
             # Steps taken since the run began, and steps whose update was
             # skipped because a loss or gradient was not finite.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -275,6 +149,11 @@ class TowerStep:
         self.train = OnDevice(tf.function(self._train), device)
         self.train_loop = OnDevice(tf.function(self._train_loop), device)
         self.evaluate = OnDevice(tf.function(self._evaluate), device)
+
+    @property
+    def whole_step(self) -> bool:
+        """XLA compiles the whole update (engine.core.compile)."""
+        return self.compile.whole_step
 
     def _reducer_context(self) -> ReducerContext:
         """What a stateful reducer is built for: this model's gradients (the
@@ -296,48 +175,22 @@ class TowerStep:
         the variables, optimizer and loss-scale state, the reducer's state,
         the step counts and the epoch's sums."""
         state = stateful_part(self.reducer)
+        sums = self.sums.trackables()
         return {
             **self.variables.trackables(),
             **self.loss_scale.trackables(),
             **({"reducer": state} if state is not None else {}),
             "global_step": self.global_step,
             "skipped": self.skipped,
-            "epoch_sums": [self.loss_sum, self.correct_sum, self.samples, self.steps],
-            # Its own key: a checkpoint written without top-k still restores
-            # (engine.run.checkpoint.OPTIONAL).
-            **({"top_k_sum": self.top_k_sum} if self.top_k else {}),
+            "epoch_sums": sums.pop("epoch_sums"),
+            **sums,
         }
 
     @property
     def top_k_name(self) -> str | None:
         """The top-k accuracy's name in outputs and records (`top5_accuracy`),
         or None without `top_k`."""
-        return f"top{self.top_k}_accuracy" if self.top_k else None
-
-    def reset_metrics(self) -> None:
-        for var in (self.loss_sum, self.correct_sum, self.samples, self.top_k_sum):
-            var.assign(0.0)
-        self.steps.assign(0)
-
-    def metrics(self) -> dict[str, float | None]:
-        """Epoch averages so far: loss as Keras reports it (mean of step losses).
-
-        Only updated steps count; with none yet (every step so far skipped or
-        an overflow of the loss scale) loss and accuracy are None, not 0.
-        """
-        steps = int(self.steps.numpy())
-        top = {self.top_k_name: None} if self.top_k else {}
-        if not steps:
-            return {"steps": 0, "loss": None, "accuracy": None, **top}
-        samples = float(self.samples.numpy())
-        if self.top_k:
-            top[self.top_k_name] = float(self.top_k_sum.numpy()) / samples
-        return {
-            "steps": steps,
-            "loss": float(self.loss_sum.numpy()) / steps,
-            "accuracy": float(self.correct_sum.numpy()) / samples,
-            **top,
-        }
+        return self.sums.top_k_name
 
     def gradients(self, batches: Sequence[tuple[tf.Tensor, tf.Tensor]]) -> Reduced:
         """Reduced gradients and the towers' losses over their batches.
@@ -413,7 +266,7 @@ class TowerStep:
         shape = tf.shape(images, tf.int64)
         return shape[0] * shape[1] if self.accumulate > 1 else shape[0]
 
-    def _train(self, iterators, allowed=True):
+    def _train(self, iterators, allowed=True) -> StepOutputs:
         """One step; the update and the metric sums are skipped when any tower's
         loss or gradient is not finite, so a bad batch never reaches the
         variables. With a dynamic loss scale, a step whose gradients overflowed
@@ -421,7 +274,7 @@ class TowerStep:
         return self._update_on(self._next_batches(iterators, self.accumulate),
                                tf.convert_to_tensor(allowed))
 
-    def _update_on_batches(self, batches, allowed):
+    def _update_on_batches(self, batches, allowed) -> StepOutputs:
         """`_train` after the input: one compiled program with `whole_step`.
 
         `allowed` false makes the step leave no trace in the variables, the
@@ -440,21 +293,14 @@ class TowerStep:
             updates = tf.logical_and(finite, allowed)
             # The rate this step's update uses, read before the update counts it.
             rate = tf.cast(self.variables.learning_rate(), tf.float32)
-        grads, extra = step.grads, {}
+        grads, grad_norm = step.grads, None
         if self.clip_norm:
-            grads, extra["grad_norm"] = self._clipped(grads)
+            grads, grad_norm = self._clipped(grads)
         self._apply(updates, grads)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
-            zero = tf.constant(0.0, tf.float64)
-            self.loss_sum.assign_add(tf.where(updates, tf.cast(step.loss, tf.float64), zero))
-            self.correct_sum.assign_add(
-                tf.where(updates, tf.cast(step.correct, tf.float64), zero))
-            self.samples.assign_add(tf.where(updates, samples, zero))
-            if self.top_k:
-                self.top_k_sum.assign_add(
-                    tf.where(updates, tf.cast(step.top_k_correct, tf.float64), zero))
-                extra[self.top_k_name] = tf.cast(step.top_k_correct, tf.float64) / samples
-            self.steps.assign_add(tf.cast(updates, tf.int64))
+            self.sums.add(updates, step.loss, step.correct, samples, step.top_k_correct)
+            top = (tf.cast(step.top_k_correct, tf.float64) / samples if self.top_k
+                   else None)
             # An overflow of the loss scale is routine, not a skipped step.
             skipped = tf.logical_and(allowed, tf.logical_not(finite | overflow))
             self.skipped.assign_add(tf.cast(skipped, tf.int64))
@@ -464,14 +310,8 @@ class TowerStep:
             tf.autograph.experimental.do_not_convert(state.after_update)()
         with tf.device(self.placement.reduce_device):
             self.global_step.assign_add(tf.cast(allowed, tf.int64))
-            return {
-                "loss": step.loss,
-                "accuracy": tf.cast(step.correct, tf.float64) / samples,
-                "finite": step.finite,
-                "overflow": overflow,
-                "learning_rate": rate,
-                **extra,
-            }
+            return StepOutputs(step.loss, tf.cast(step.correct, tf.float64) / samples,
+                               step.finite, overflow, rate, grad_norm, top)
 
     def _clipped(self, grads):
         """Each destination's reduced gradients scaled to a global norm of at
@@ -484,16 +324,6 @@ class TowerStep:
             clipped.append(scaled)
             norms.append(norm)
         return clipped, tf.cast(norms[0], tf.float32)
-
-    def output_dtypes(self) -> dict:
-        """The per-step outputs of `train` and their dtypes (`finite` per tower)."""
-        dtypes = {"loss": tf.float32, "accuracy": tf.float64, "finite": tf.bool,
-                  "overflow": tf.bool, "learning_rate": tf.float32}
-        if self.clip_norm:
-            dtypes["grad_norm"] = tf.float32
-        if self.top_k:
-            dtypes[self.top_k_name] = tf.float64
-        return dtypes
 
     def _apply(self, updates: tf.Tensor, grads) -> None:
         """The variable mode's update where `updates` is true.
@@ -519,10 +349,10 @@ class TowerStep:
         for variable, old in zip(written, before):
             variable.assign(tf.where(updates, tf.identity(variable), old))
 
-    def _train_loop(self, iterators, count, halt: bool = True):
+    def _train_loop(self, iterators, count, halt: bool = True) -> StepOutputs:
         """`count` steps in one call (a `tf.while_loop`), so the host
         dispatches once per `count` steps; returns each step's outputs
-        stacked (`output_dtypes`: [count], `finite` [count, towers]).
+        stacked ([count], `finite` [count, towers]).
 
         Nothing in the loop waits on the GPU: its condition is a host
         counter. With `halt`, the steps after one whose loss or gradient
@@ -533,16 +363,18 @@ class TowerStep:
         # An int32 argument stays in host memory (/cpu:0); the loop's control
         # would follow it there, off the device the step is called on.
         count = tf.identity(count)
-        stacks = {key: tf.TensorArray(dtype, size=count)
-                  for key, dtype in self.output_dtypes().items()}
+        present = [i for i, dtype in enumerate(OUTPUT_DTYPES)
+                   if (i != GRAD_NORM or self.clip_norm) and (i != TOP_K or self.top_k)]
+        stacks = {i: tf.TensorArray(OUTPUT_DTYPES[i], size=count) for i in present}
         allowed = tf.constant(True)
         for k in tf.range(count):
             outputs = self._train(iterators, allowed)
-            stacks = {key: stack.write(k, outputs[key]) for key, stack in stacks.items()}
+            stacks = {i: stack.write(k, outputs[i]) for i, stack in stacks.items()}
             if halt:
-                healthy = tf.logical_or(tf.reduce_all(outputs["finite"]), outputs["overflow"])
+                healthy = tf.logical_or(tf.reduce_all(outputs.finite), outputs.overflow)
                 allowed = tf.logical_and(allowed, healthy)
-        return {key: stack.stack() for key, stack in stacks.items()}
+        return StepOutputs(*(stacks[i].stack() if i in stacks else None
+                             for i in range(len(OUTPUT_DTYPES))))
 
     def _evaluate(self, iterators, valid):
         """Loss sum, correct count and sample count over the real samples
@@ -557,17 +389,8 @@ class TowerStep:
         sums = []
         for tower, (images, labels) in zip(self.placement.towers, batches):
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
-                labels = sample_labels(labels)
                 model = self.variables.model_for(tower.index)
-                with calling("model", self.model_label, "cannot evaluate here:"):
-                    outputs = tf.cast(model(images, training=False), tf.float32)
-                real = tf.cast(tf.range(tf.shape(labels)[0]) < valid[tower.index], tf.float32)
-                loss = tf.reduce_sum(self.loss(labels, outputs) * real)
-                correct = tf.reduce_sum(count_correct(labels, outputs) * real)
-                counts = [loss, correct, tf.reduce_sum(real)]
-                if self.top_k:
-                    counts.append(tf.reduce_sum(count_correct(labels, outputs, self.top_k)
-                                                * real))
-                sums.append(tf.stack(counts))
+                sums.append(evaluation_counts(model, images, labels, valid[tower.index],
+                                              self.loss, self.model_label, self.top_k))
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.REDUCE):
             return tf.add_n(sums)
