@@ -14,7 +14,7 @@ from conftest import flag_message
 import towers
 from engine.errors import UsageError
 from engine.placement import summary as summary_lib
-from towers import _setup
+from engine.run import plan
 
 
 def one_sgd_step(batch_size, accumulate, variables="reduce-device", model="lenet"):
@@ -75,8 +75,8 @@ def test_the_epoch_and_the_default_learning_rate_count_the_accumulated_batches()
     trainer = towers.Trainer(["/cpu:0", "/cpu:1"], optimizer="sgd", batch_size=50, accumulate=3,
                              stream=io.StringIO())
     fit = {name: p.default for name, p in inspect.signature(trainer.fit).parameters.items()
-           if name in inspect.signature(_setup.fit_options).parameters}
-    options = _setup.fit_options(trainer.options.reducer, "reduce-device", trainer.info, 2,
+           if name in inspect.signature(plan.fit_options).parameters}
+    options = plan.fit_options(trainer.options.reducer, "reduce-device", trainer.info, 2,
                                  None, run=trainer.options, **{**fit, "epochs": 1})
     # MNIST's 60,000 training samples, 2 towers x 3 x 50 per step.
     assert options.loop.steps_per_epoch == 60_000 // 300

@@ -197,9 +197,10 @@ class Trainer:
     ):
         from engine.core import schedules
         from engine.core.options import ModelOptions, refuse_optimizer_object
+        from engine.run import plan
         from engine.run import session as session_lib
         from towers import _arguments
-        from towers import _setup as setup
+        from towers.models import pairing
 
         refuse_optimizer_object(optimizer)
         _arguments.check(Trainer.__init__, locals())
@@ -218,16 +219,10 @@ class Trainer:
         # arguments are refused in a fraction of a second.
         request = devs.parse_request(devices, reduce_device, gpu_memory)
         cluster_options = session_lib.cluster_options(cluster, connect_timeout, request)
-        setup.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
-                            prefetch=prefetch, step_timeout=step_timeout,
-                            image_size=image_size)
-        if xla and deterministic:
-            raise UsageError(
-                "<xla=True> <deterministic=True>: XLA has no deterministic version of "
-                "some ops (max-pooling gradients, for one) and TensorFlow refuses them "
-                "mid-run; drop one of the two flags"
-            )
-        reducer_options = setup.reducer_options(reducer, group_size=group_size,
+        plan.check_numbers(batch_size=batch_size, dali_threads=dali_threads,
+                           prefetch=prefetch, step_timeout=step_timeout,
+                           image_size=image_size, xla=xla, deterministic=deterministic)
+        reducer_options = plan.reducer_options(reducer, group_size=group_size,
                                                 pack_bytes=pack_bytes, compress=compress,
                                                 topology=topology)
         model_options = ModelOptions(
@@ -239,18 +234,11 @@ class Trainer:
             metrics_top_k=metrics_top_k, accumulate=accumulate,
         )
         source = data or sources.mnist()
-        if image_size is not None and source.kind == "text":
-            raise UsageError(f"<image_size={image_size}> sizes images; text comes in "
-                             "sequences of <seq_len> bytes (towers.data.text)")
-        if image_size is not None and source.kind == "pipeline":
-            raise UsageError(
-                f"<image_size={image_size}>: a <pipeline> decodes to its own "
-                "image_shape (towers.data.pipeline); drop <image_size>"
-            )
+        pairing.check_image_size(image_size, source)
         # Data the user named is checked before TensorFlow starts; MNIST that
         # is still to be prepared waits until the devices are known to be good.
         info = source.inspect(self._say) if source.is_prepared else None
-        setup.check_pairing(model, source, info)
+        pairing.check_pairing(model, source, info)
         self._before_tensorflow()
         session = session_lib.open_session(
             request, cluster=cluster_options, step_timeout=step_timeout,
@@ -262,14 +250,16 @@ class Trainer:
         self.placement, self.watchdog = session.placement, session.watchdog
         self.info = info or source.inspect(self._say)
         towers = len(self.placement.towers)
-        setup.check_data_fits(self.info, towers, batch_size, accumulate)
-        setup.check_groups(reducer_options, towers)
+        plan.check_data_fits(self.info, towers, batch_size, accumulate)
+        plan.check_groups(reducer_options, towers)
         self.cluster = cluster_options
-        self.options = setup.run_options(
-            self.placement, self.info, source, model, model_options, reducer_options,
+        self.options = plan.run_options(
+            self.placement, self.info, source,
+            pairing.image_shape(source, self.info, model, image_size), model_options,
+            reducer_options,
             learning_rate=learning_rate, batch_size=batch_size, mixed_precision=mixed_precision,
-            xla=xla, dali_threads=dali_threads, prefetch=prefetch, image_size=image_size,
-            augment=augment, deterministic=deterministic,
+            xla=xla, dali_threads=dali_threads, prefetch=prefetch, augment=augment,
+            deterministic=deterministic,
             reduce_device_given=reduce_device is not None,
         )
         self.built = None
@@ -394,18 +384,17 @@ class Trainer:
             NonFiniteError, StrayPlacementError, TransferBudgetError,
             ReplicaDriftError, CheckpointError).
         """
-        from engine.run import choices
+        from engine.run import choices, plan
         from engine.run import train as train_lib
         from engine.run.outputs import OutputError
         from towers import _arguments
-        from towers import _setup as setup
 
         _arguments.check(Trainer.fit, locals())
         from towers import callbacks as callbacks_lib
 
         if verbose not in (0, 1, 2):
             raise UsageError(f"<verbose> ({verbose!r}) is not one of 0, 1, 2")
-        options = setup.fit_options(
+        options = plan.fit_options(
             self.options.reducer, self.options.model.variables, self.info,
             len(self.placement.towers), self.cluster, run=self.options,
             epochs=epochs, steps_per_epoch=steps_per_epoch, steps_per_loop=steps_per_loop,
@@ -464,33 +453,16 @@ class Trainer:
           UsageError: nothing trained yet, no best checkpoint kept, or a
             path that cannot be written.
         """
-        from engine.run import outputs
         from engine.run.watchers import read_best
 
         if self.built is None:
             raise UsageError("<save_model>: nothing is trained yet; call fit first")
-        if path.endswith(".keras"):
-            outputs.check_file("save_model", path)
-        else:
-            outputs.check_directory("save_model", path)
         kept = read_best(self.checkpoint_dir) if best and self.checkpoint_dir else None
         if best and kept is None:
             raise UsageError("<best=True>: no best checkpoint was kept; fit with "
                              "<checkpoint_dir> and <keep_best> first")
-        latest = [v.numpy() for v in self.model.variables] if best else None
-        if best:
-            weights.load_into([self.model], weights.checkpoint_values(kept["path"]),
-                              kept["path"], self.options.model.model_name)
-        try:
-            if path.endswith(".keras"):
-                self.model.save(path)
-            else:
-                self.model.export(path, verbose=False)
-        finally:
-            if latest is not None:
-                for variable, value in zip(self.model.variables, latest):
-                    variable.assign(value)
-        return path
+        return weights.export(self.model, path, kept["path"] if best else None,
+                              self.options.model.model_name)
 
     def evaluate(self, steps: int | None = None) -> dict[str, float]:
         """One pass over the held-out set (or `steps` batches per tower).
@@ -528,22 +500,9 @@ class Trainer:
     def _build(self, options) -> None:
         if self.built is not None:
             return
-        from engine.run import build as build_lib
-        from engine.run.watchers import unguarded
-        from towers import _setup as setup
+        from engine.run import plan
 
-        guard = self.watchdog.guard if self.watchdog else unguarded
-        self.built = guard("building the towers", build_lib.build, self.placement,
-                            options.data, options.model, options.reducer, self.info.val_size)
+        self.built = plan.build(self.placement, options, self.info, self.watchdog,
+                                init_weights=self.init_weights,
+                                check_reducer=self.check_reducer, say=self._say)
         self._checkpointing = options.data.checkpointing
-        if self.init_weights is not None:
-            variables = self.built.step.variables
-            models = list({id(m): m for m in (variables.model_for(t.index)
-                                                for t in self.placement.towers)}.values())
-            count = weights.load_into(models, weights.saved_values(self.init_weights),
-                                      self.init_weights, options.model.model_name)
-            self._say(f"initial weights: {self.init_weights} ({count} variables)")
-        if self.check_reducer:
-            self._say(setup.check_reducer(self.built.step, self.placement,
-                                          options.reducer.compress))
-

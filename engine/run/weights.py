@@ -108,3 +108,33 @@ def load_into(models: Sequence, values: Sequence[np.ndarray], path: str,
         for variable, value in zip(model.variables, values):
             variable.assign(value)
     return len(values)
+
+
+def export(model, path: str, checkpoint: str | None, model_name: str) -> str:
+    """Writes `model` where a user can load it without this package: a Keras
+    model file for a `path` ending in `.keras`, else a SavedModel for
+    inference; with `checkpoint`, that checkpoint's weights (the model's own
+    are put back after).
+
+    Raises:
+      UsageError: a path that cannot be written (`<save_model>`).
+    """
+    from engine.run import outputs
+
+    if path.endswith(".keras"):
+        outputs.check_file("save_model", path)
+    else:
+        outputs.check_directory("save_model", path)
+    latest = [v.numpy() for v in model.variables] if checkpoint else None
+    if checkpoint:
+        load_into([model], checkpoint_values(checkpoint), checkpoint, model_name)
+    try:
+        if path.endswith(".keras"):
+            model.save(path)
+        else:
+            model.export(path, verbose=False)
+    finally:
+        if latest is not None:
+            for variable, value in zip(model.variables, latest):
+                variable.assign(value)
+    return path

@@ -81,17 +81,17 @@ def _arguments(flags: dict) -> tuple[dict, dict]:
     """Trainer and fit arguments from the flags, checked as far as can be
     without TensorFlow."""
     from engine.core import schedules
-    from towers import _setup
+    from engine.run import plan
 
     fit = {name: flags.pop(name) for name in FIT_FLAGS}
     # --mixed-precision alone leaves the dtype to the towers' kind.
     flags["mixed_precision"] = {None: False, "auto": True}.get(
         flags["mixed_precision"], flags["mixed_precision"])
     fit["profile_steps"] = parse_profile_steps(fit["profile_steps"])
-    reducer = _setup.reducer_options(flags["reducer"], group_size=flags["group_size"],
+    reducer = plan.reducer_options(flags["reducer"], group_size=flags["group_size"],
                                      pack_bytes=flags["pack_bytes"], compress=flags["compress"],
                                      topology=flags["topology"])
-    _setup.check_fit(reducer, flags["variables"],
+    plan.check_fit(reducer, flags["variables"],
                      **{k: v for k, v in fit.items() if k not in CLI_FIT_FLAGS})
     schedules.of(flags["lr_schedule"], flags["warmup_epochs"]).check_length(fit["epochs"])
     flags["data"] = data_source(flags)

@@ -1,5 +1,8 @@
-"""What a Trainer does between its arguments and the engine: the checks that
-need no TensorFlow, the process-wide set-up, and the engine's option objects.
+"""A run's plan between its arguments and the built towers: the checks that
+need no TensorFlow (rules across arguments included), then the options
+resolved against the devices found (with the choices the engine made and
+why), and the reducer check before the first step. The Trainer and the
+command line make their runs through it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from typing import TYPE_CHECKING
 from engine import data as data_lib
 from engine.core.progress import record_name
 from engine.errors import UsageError
-from towers import models
 
 if TYPE_CHECKING:
     from engine.core.options import ModelOptions
@@ -39,9 +41,17 @@ class RunOptions:
 
 def check_numbers(*, batch_size: int, dali_threads: int | None, prefetch: int,
                   step_timeout: float, image_size: int | None = None,
-                  learning_rate: float | None = None) -> None:
+                  learning_rate: float | None = None, xla: bool | None = None,
+                  deterministic: bool = False) -> None:
     """Refuses counts and times out of range, naming the argument (the ones
-    no options class holds before TensorFlow starts)."""
+    no options class holds before TensorFlow starts), and XLA with op
+    determinism."""
+    if xla and deterministic:
+        raise UsageError(
+            "<xla=True> <deterministic=True>: XLA has no deterministic version of "
+            "some ops (max-pooling gradients, for one) and TensorFlow refuses them "
+            "mid-run; drop one of the two flags"
+        )
     if not step_timeout > 0:
         raise UsageError(f"<step_timeout> ({step_timeout:g}) must be positive")
     if learning_rate is not None and not learning_rate > 0:
@@ -116,11 +126,12 @@ def reducer_options(reducer, *, group_size: int | None, pack_bytes: int,
     return dataclasses.replace(options, topology=loaded)
 
 
-def run_options(placement, info, source, model, model_options, reducer, *, learning_rate,
-                batch_size, mixed_precision, xla, dali_threads, prefetch, image_size=None,
+def run_options(placement, info, source, image_shape, model_options, reducer, *,
+                learning_rate, batch_size, mixed_precision, xla, dali_threads, prefetch,
                 augment=None, deterministic=False, reduce_device_given=True) -> RunOptions:
     """The data and model options of a run on `placement` (`model_options` and
-    `reducer` checked before TensorFlow started), and the settings it picked
+    `reducer` checked before TensorFlow started; images decoded to
+    `image_shape`), and the settings it picked
     where the arguments left them open (`xla=None`, `dali_threads=None`,
     `reduce_device_given=False`, `learning_rate=None`)."""
     from engine.core import options as core_options
@@ -156,8 +167,7 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
         train_path=info.train_path,
         val_path=info.val_path,
         batch_size=batch_size,
-        image_shape=((28, 28, 1) if info.format == "text" else
-                     image_shape(source, info, models.default_input_shape(model), image_size)),
+        image_shape=(28, 28, 1) if info.format == "text" else image_shape,
         seq_len=info.seq_len or 0,
         num_classes=info.num_classes,
         synthetic_samples=source.samples,
@@ -173,36 +183,6 @@ def run_options(placement, info, source, model, model_options, reducer, *, learn
         else learning_rate, learning_rate_note=note, compute_dtype=compute_dtype, xla=xla,
         metrics_top_k=model_options.top_k_for(info.num_classes))
     return RunOptions(data=data_options, model=model_options, reducer=reducer, choices=picked)
-
-
-def check_pairing(model, source, info) -> None:
-    """Refuses a zoo model on data it cannot read (an image model on text, the
-    transformer on images), before anything is built.
-
-    Raises:
-      UsageError: naming the model and the data, and what would pair.
-    """
-    reads = models.input_kind(model)
-    text = (info.format if info is not None else source.kind) == "text"
-    if reads is None or (reads == "sequences") == text:
-        return
-    name = models.model_name(model)
-    if text:
-        raise UsageError(
-            f"<model={name}> reads images; text feeds a sequence model such as "
-            "<model=transformer>"
-        )
-    raise UsageError(f"<model={name}> reads byte sequences; add <format=text>")
-
-
-def image_shape(source, info, model_shape, image_size: int | None) -> tuple[int, int, int]:
-    """The (height, width, channels) a run decodes images to: the source's
-    own shape, else the model's default, else as the data is stored, else
-    28 x 28 x 1; `image_size` then sets height and width."""
-    shape = source.image_shape or model_shape or info.image_shape or (28, 28, 1)
-    if image_size is not None:
-        shape = (image_size, image_size, shape[2])
-    return tuple(shape)
 
 
 def check_fit(reducer, variables: str, **fit) -> None:
@@ -314,7 +294,7 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     )
 
 
-def check_reducer(step, placement, compress: str | None) -> str:
+def reducer_check(step, placement, compress: str | None) -> str:
     """Compares the step's reducer with the exact mean before the first step
     (engine.reducers.preflight); returns the line that says it passed."""
     from engine.reducers import preflight
@@ -327,3 +307,28 @@ def check_reducer(step, placement, compress: str | None) -> str:
             f"{count} gradient{'s' * (count != 1)} shaped as the model's, on "
             f"{len(placement.devices)} tower{'s' * (len(placement.devices) != 1)}, within "
             f"{compress or 'float32'} rounding")
+
+
+def build(placement, options, info, watchdog=None, *, init_weights: str | None = None,
+          check_reducer: bool = False, say=print):
+    """The run built (engine.run.build.BuiltRun): under the watchdog's
+    deadline with a cluster, then `init_weights` loaded into every model
+    copy and, with `check_reducer`, the reducer compared with the exact
+    mean; each says its line through `say`."""
+    from engine.run import build as build_lib
+    from engine.run import weights
+    from engine.run.watchers import unguarded
+
+    guard = watchdog.guard if watchdog else unguarded
+    built = guard("building the towers", build_lib.build, placement, options.data,
+                  options.model, options.reducer, info.val_size)
+    if init_weights is not None:
+        variables = built.step.variables
+        models = list({id(m): m for m in (variables.model_for(t.index)
+                                            for t in placement.towers)}.values())
+        count = weights.load_into(models, weights.saved_values(init_weights), init_weights,
+                                  options.model.model_name)
+        say(f"initial weights: {init_weights} ({count} variables)")
+    if check_reducer:
+        say(reducer_check(built.step, placement, options.reducer.compress))
+    return built
