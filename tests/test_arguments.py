@@ -1,8 +1,12 @@
 """Python arguments of the wrong type are refused in one line, naming the
 argument, the value and its type, and what is accepted, before TensorFlow
-starts: the ten tries of a new user (issue 44, item 3)."""
+starts: the ten tries of a new user (issue 44, item 3), and every argument of
+the Trainer's signature, fit's, evaluate's and save's walked with a value of
+a type none of them takes."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 
@@ -63,5 +67,50 @@ def test_fit_refuses_a_wrong_type_the_same_way(arguments, message):
 
 def test_unions_are_split_at_the_top_level_only():
     assert _arguments._parts("Sequence[str | int] | None") == ["Sequence[str | int]", "None"]
-    assert _arguments.accepted("str | Topology | None") is None  # not checked here
+    assert [said for _, said in _arguments.accepted("str | Topology | None")] == [
+        "a str", "a towers.cost.Topology", "None"]
+    assert _arguments.accepted("str | Shard | None") is None  # not checked here
     assert [said for _, said in _arguments.accepted("float | None")] == ["a number", "None"]
+
+
+class Wrong:
+    """A value of no type any argument takes."""
+
+
+TRAINER_ARGUMENTS = [name for name in inspect.signature(towers.Trainer.__init__).parameters
+                     if name != "self"]
+FIT_ARGUMENTS = [name for name in inspect.signature(towers.Trainer.fit).parameters
+                 if name != "self"]
+
+
+@pytest.mark.parametrize("name", TRAINER_ARGUMENTS)
+def test_every_trainer_argument_refuses_a_wrong_type_in_one_line(name):
+    """Walks the signature: an argument added later is checked too."""
+    with pytest.raises(towers.UsageError) as err:
+        towers.Trainer(**{"devices": ["/cpu:0"], name: Wrong()})
+    message = str(err.value)
+    assert "\n" not in message and "0x" not in message
+    assert message.startswith(f"{name} <a Wrong object> is a Wrong; give "), message
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return towers.Trainer(["/cpu:0"], data=towers.data.synthetic())
+
+
+@pytest.mark.parametrize("name", FIT_ARGUMENTS)
+def test_every_fit_argument_refuses_a_wrong_type_in_one_line(trainer, name):
+    with pytest.raises(towers.UsageError) as err:
+        trainer.fit(**{name: Wrong()})
+    message = str(err.value)
+    assert "\n" not in message and "0x" not in message
+    assert message.startswith(f"{name} <a Wrong object> is a Wrong; give "), message
+
+
+@pytest.mark.parametrize("method, name", [("evaluate", "steps"), ("save", "path"),
+                                          ("save", "best")])
+def test_evaluate_and_save_refuse_a_wrong_type_in_one_line(trainer, method, name):
+    arguments = {"path": "/tmp/model.keras", name: Wrong()}
+    with pytest.raises(towers.UsageError) as err:
+        getattr(trainer, method)(**({name: Wrong()} if method == "evaluate" else arguments))
+    assert str(err.value).startswith(f"{name} <a Wrong object> is a Wrong; give ")

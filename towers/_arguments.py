@@ -25,7 +25,20 @@ _KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "Sequence": (lambda v: isinstance(v, (list, tuple)), "a list or tuple"),
     "tuple": (lambda v: isinstance(v, (list, tuple)), "a tuple"),
     "Callable": (callable, "a function"),
+    # Types of this package and Keras', told by class name, so that nothing
+    # here imports TensorFlow.
+    "sources.Source": (lambda v: _is_a(v, "Source"), "a towers.data source"),
+    "Topology": (lambda v: _is_a(v, "Topology"), "a towers.cost.Topology"),
+    "LearningRateSchedule": (lambda v: _is_a(v, "LearningRateSchedule"),
+                             "a keras.optimizers.schedules.LearningRateSchedule"),
+    "keras.losses.Loss": (lambda v: _is_a(v, "Loss"), "a keras.losses.Loss"),
+    "TextIO": (lambda v: callable(getattr(v, "write", None)), "a text stream"),
 }
+
+
+def _is_a(value, name: str) -> bool:
+    """True when `value`'s class or one it derives from is named `name`."""
+    return any(cls.__name__ == name for cls in type(value).__mro__)
 
 
 def _parts(annotation: str) -> list[str]:

@@ -203,10 +203,10 @@ class Trainer:
         from towers.models import pairing
 
         refuse_optimizer_object(optimizer)
-        _arguments.check(Trainer.__init__, locals())
         if isinstance(data, str):
             raise UsageError(f"<data> {data!r} is a path; give towers.data.directory({data!r}) "
                              f"(or towers.data.text({data!r}) for a text corpus)")
+        _arguments.check(Trainer.__init__, locals())
         self.stream = stream or sys.stdout
         self.init_weights = init_weights
         if init_weights is not None:
@@ -454,7 +454,9 @@ class Trainer:
             path that cannot be written.
         """
         from engine.run.watchers import read_best
+        from towers import _arguments
 
+        _arguments.check(Trainer.save, locals())
         if self.built is None:
             raise UsageError("<save_model>: nothing is trained yet; call fit first")
         kept = read_best(self.checkpoint_dir) if best and self.checkpoint_dir else None
