@@ -196,7 +196,7 @@ def run_engine(config: dict) -> list[float]:
 
     from engine import reducers
     from engine.core import precision, variables
-    from engine.core.step import TowerStep
+    from engine.core.step import StepOutputs, TowerStep
     from engine.run import build as train
     from engine.topology.devices import Placement
 
@@ -247,8 +247,9 @@ def run_engine(config: dict) -> list[float]:
         # model; the most images/s DALI can give the towers on this host.
         @tf.function
         def one(iterators):
-            return {"finite": tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators]),
-                    "loss": tf.constant(0.0)}  # no model: nothing to lose
+            fetched = tf.add_n([tf.reduce_sum(next(it)[0]) for it in iterators])
+            nothing = tf.constant(0.0)  # no model: nothing to lose
+            return StepOutputs(nothing, nothing, fetched, False, nothing)
         run = one
     else:
         run = step.train
@@ -267,7 +268,7 @@ def run_engine(config: dict) -> list[float]:
                 last["out"] = run(iterators)
             else:
                 last["out"] = step.train_loop(iterators, tf.constant(count, tf.int32))
-            last["out"]["finite"].numpy()
+            last["out"].finite.numpy()
             done += count
         return time.perf_counter() - start
 
@@ -283,7 +284,7 @@ def run_engine(config: dict) -> list[float]:
         from bench_gpu import gpu_profile
 
         config["profile"] = gpu_profile(trace, times[-1], config["steps"])
-    config["loss"] = float(tf.reshape(last["out"]["loss"], [-1])[-1])
+    config["loss"] = float(tf.reshape(last["out"].loss, [-1])[-1])
     if config.get("pack_bytes") and n > 1:
         config["hidden_fraction"] = hidden_fraction(step, iterators)
     return times
