@@ -65,8 +65,12 @@ def figures(mnist_dir: str, name: str, work: str) -> dict:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoints))
     digests = {}
     for key, dtype in sorted(reader.get_variable_to_dtype_map().items()):
-        if key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH") or dtype == tf.variant:
-            continue  # the object graph, and the readers' states (no numpy form)
+        if (key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "run/"))
+                or dtype == tf.variant):
+            # The object graph, the run's signature (it names the data's
+            # folder, another in each test) and the readers' states (no
+            # numpy form).
+            continue
         value = reader.get_tensor(key)
         data = value.tobytes() if hasattr(value, "tobytes") else repr(value).encode()
         digests[key] = hashlib.sha256(data).hexdigest()[:16]
