@@ -175,15 +175,13 @@ class TowerStep:
         the variables, optimizer and loss-scale state, the reducer's state,
         the step counts and the epoch's sums."""
         state = stateful_part(self.reducer)
-        sums = self.sums.trackables()
         return {
             **self.variables.trackables(),
             **self.loss_scale.trackables(),
             **({"reducer": state} if state is not None else {}),
             "global_step": self.global_step,
             "skipped": self.skipped,
-            "epoch_sums": sums.pop("epoch_sums"),
-            **sums,
+            **self.sums.trackables(),
         }
 
     @property
@@ -363,7 +361,7 @@ class TowerStep:
         # An int32 argument stays in host memory (/cpu:0); the loop's control
         # would follow it there, off the device the step is called on.
         count = tf.identity(count)
-        present = [i for i, dtype in enumerate(OUTPUT_DTYPES)
+        present = [i for i in range(len(OUTPUT_DTYPES))
                    if (i != GRAD_NORM or self.clip_norm) and (i != TOP_K or self.top_k)]
         stacks = {i: tf.TensorArray(OUTPUT_DTYPES[i], size=count) for i in present}
         allowed = tf.constant(True)
