@@ -130,7 +130,7 @@ def test_a_missing_tfrecord_index_is_made_again(written, tmp_path):
 
 
 def test_the_index_fallback_writes_what_dalis_script_writes(written, tmp_path):
-    from engine.data.inspect import tfrecord_files, write_index
+    from engine.data.tfrecord_index import tfrecord_files, write_index
 
     for file, index in zip(*tfrecord_files(str(written["tfrecord"] / "train"))):
         write_index(file, str(tmp_path / "ours.idx"))  # where DALI's script is missing

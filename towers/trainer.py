@@ -10,12 +10,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from engine import errors
 from engine.errors import UsageError
 from engine.run import weights
 from engine.topology import devices as devs
 from towers import data as sources
 from towers import models
+from towers._trained import TrainerBase
 
 if TYPE_CHECKING:
     import keras
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Trainer"]
 
 
-class Trainer:
+class Trainer(TrainerBase):
     """Builds one tower per device and trains them with a custom step.
 
     Making a Trainer does the process-wide set-up (splitting the host CPU or
@@ -147,12 +147,6 @@ class Trainer:
         fix; nothing has been written.
     """
 
-    # How messages tell the user to resume (the CLI's: its command line).
-    _resume_hint = "fit(..., resume=True)"
-    # What stops a run at its next safe point after a signal (the CLI's
-    # engine.run.signals.GracefulStop); None: nothing does.
-    _stop = None
-
     def __init__(
         self,
         devices: str | Sequence[str] = "all",
@@ -266,36 +260,6 @@ class Trainer:
         self.checkpoint_dir = None
         self._checkpointing = None  # whether the built pipelines can be saved
 
-    def _before_tensorflow(self) -> None:
-        """Called once the arguments are checked, before TensorFlow starts
-        (the command line imports it quietly here)."""
-
-    def _say(self, message: str) -> None:
-        print(message, file=self.stream, flush=True)
-
-    def _voice(self, verbose: int):
-        """How the run speaks (engine.core.progress.Voice): in Python terms."""
-        from engine.core.progress import Voice
-
-        return Voice(self.stream, verbose=verbose)
-
-    def _warn(self, message: str) -> None:
-        """Prints a one-line error about the run (a cluster task that stopped
-        answering) on stderr, in Python terms."""
-        sys.stdout.flush()
-        print(f"error: {errors.render(message)}", file=sys.stderr, flush=True)
-
-    def _resume_advice(self) -> str:
-        """Where the run can go on from, for messages about a lost cluster."""
-        import tensorflow as tf
-
-        directory = self.checkpoint_dir
-        latest = tf.train.latest_checkpoint(directory) if directory else None
-        if latest is None:
-            return "no checkpoint was saved" + ("" if directory else " (no <checkpoint_dir>)")
-        return (f"the last checkpoint is {latest}; once every worker is up again, resume "
-                f"with: {self._resume_hint}")
-
     def fit(
         self,
         epochs: int = 5,
@@ -384,28 +348,24 @@ class Trainer:
             NonFiniteError, StrayPlacementError, TransferBudgetError,
             ReplicaDriftError, CheckpointError).
         """
+        # fit's own arguments, as given: the loop's options are made of all
+        # but how it reports (verbose, callbacks, the placement summary).
+        arguments = dict(locals())
         from engine.run import choices, plan
         from engine.run import train as train_lib
         from engine.run.outputs import OutputError
         from towers import _arguments
-
-        _arguments.check(Trainer.fit, locals())
         from towers import callbacks as callbacks_lib
 
+        _arguments.check(Trainer.fit, arguments)
         if verbose not in (0, 1, 2):
             raise UsageError(f"<verbose> ({verbose!r}) is not one of 0, 1, 2")
+        loop = {k: v for k, v in arguments.items()
+                if k not in ("self", "verbose", "callbacks", "placement_summary")}
         options = plan.fit_options(
             self.options.reducer, self.options.model.variables, self.info,
             len(self.placement.towers), self.cluster, run=self.options,
-            epochs=epochs, steps_per_epoch=steps_per_epoch, steps_per_loop=steps_per_loop,
-            eval_steps=eval_steps, metrics=metrics, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-            resume=resume, placement_log=placement_log, strict_placement=strict_placement,
-            max_transfer_bytes=max_transfer_bytes, keep_best=keep_best, logdir=logdir,
-            profile_steps=profile_steps,
-            skip_nonfinite=skip_nonfinite, check_replicas=check_replicas,
-            gpus=choices.gpu_towers(self.placement),
-        )
+            gpus=choices.gpu_towers(self.placement), **loop)
         watcher = callbacks_lib.watcher(callbacks, self, options.loop.steps_per_epoch)
         if self.built is not None and options.data.checkpointing != self._checkpointing:
             raise UsageError(
@@ -430,81 +390,3 @@ class Trainer:
                             err.checkpoint) from None
         watcher.end(history)
         return history
-
-    def save(self, path: str, best: bool = False) -> str:
-        """Writes the trained model where a user can load it without this
-        package: `path` ending in `.keras` is a Keras model file
-        (`keras.models.load_model(path)`; the zoo's models need nothing
-        else, a model with layers of your own needs their classes), any
-        other path a TensorFlow SavedModel for inference
-        (`tf.saved_model.load(path).serve(images)`, or
-        `keras.layers.TFSMLayer(path)`).
-
-        Args:
-          path: where to write.
-          best: write the weights of the best checkpoint that `fit(...,
-            keep_best=)` kept, not the latest; the trainer's own weights
-            stay as they are.
-
-        Returns:
-          `path`.
-
-        Raises:
-          UsageError: nothing trained yet, no best checkpoint kept, or a
-            path that cannot be written.
-        """
-        from engine.run.watchers import read_best
-        from towers import _arguments
-
-        _arguments.check(Trainer.save, locals())
-        if self.built is None:
-            raise UsageError("<save_model>: nothing is trained yet; call fit first")
-        kept = read_best(self.checkpoint_dir) if best and self.checkpoint_dir else None
-        if best and kept is None:
-            raise UsageError("<best=True>: no best checkpoint was kept; fit with "
-                             "<checkpoint_dir> and <keep_best> first")
-        return weights.export(self.model, path, kept["path"] if best else None,
-                              self.options.model.model_name)
-
-    def evaluate(self, steps: int | None = None) -> dict[str, float]:
-        """One pass over the held-out set (or `steps` batches per tower).
-
-        Args:
-          steps: batches per tower; default: the whole held-out set.
-
-        Returns:
-          eval_loss, eval_accuracy and eval_samples (and with top-k,
-          `eval_top5_accuracy` for k=5).
-
-        Raises:
-          UsageError: the data has no held-out set.
-        """
-        from engine import data as data_lib
-        from towers import _arguments
-
-        _arguments.check(Trainer.evaluate, locals())
-
-        self._build(self.options)
-        held_out = self.built.held_out
-        if held_out is None:
-            raise UsageError("<data> has no held-out set to evaluate on")
-        if steps is None:
-            steps = data_lib.eval_batches(held_out.size, held_out.batch_size,
-                                          held_out.num_towers)
-        return held_out.evaluate(self.built.step, steps)
-
-    @property
-    def model(self):
-        """The Keras model (tower 0's copy with replicated variables); None
-        until the towers are built."""
-        return None if self.built is None else self.built.step.model
-
-    def _build(self, options) -> None:
-        if self.built is not None:
-            return
-        from engine.run import plan
-
-        self.built = plan.build(self.placement, options, self.info, self.watchdog,
-                                init_weights=self.init_weights,
-                                check_reducer=self.check_reducer, say=self._say)
-        self._checkpointing = options.data.checkpointing

@@ -12,7 +12,8 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from engine.data.inspect import IMAGE_EXTENSIONS, class_folders, tfrecord_files
+from engine.data.inspect import IMAGE_EXTENSIONS, class_folders
+from engine.data.tfrecord_index import tfrecord_files
 
 _INPUT_NODE = re.compile(r"input_(\d+)/IteratorGetNext")
 

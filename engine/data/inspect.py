@@ -28,26 +28,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
-import subprocess
-import sys
 
-from engine.errors import UsageError
+from engine.data.errors import DataError
+from engine.data.tfrecord_index import TFRECORD_PATTERN, record_count, tfrecord_files
 
-__all__ = ["DataError", "DatasetInfo", "class_folders", "ensure_indices", "eval_batches",
-           "inspect", "shard_range", "tfrecord_files", "valid_counts", "write_index"]
+__all__ = ["DataError", "DatasetInfo", "class_folders", "eval_batches", "inspect",
+           "shard_range", "valid_counts"]
 
 FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text", "synthetic")
 STORED_FORMATS = ("caffe2", "folder", "jpeg", "tfrecord", "text")
 # TFRecord files: NAME.tfrecord, or shards named as the Inception scripts name
 # ImageNet's (train-00000-of-01024), which have no extension.
-TFRECORD_PATTERN = "*.tfrecord or *-NNNNN-of-NNNNN"
-_TFRECORD = re.compile(r"(\.tfrecord|-\d{5}-of-\d{5})$")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
-
-
-class DataError(UsageError):
-    """Data that cannot be read as asked; the message is one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +144,7 @@ def _text_info(root: str, meta: dict) -> DatasetInfo:
     if meta.get("format") != "text":
         raise DataError(f"<path> {root!r} is not a prepared text corpus (no meta.json "
                         "of format text); give the text file itself")
-    sizes = [_records(os.path.join(root, split)) for split in ("train", "val")]
+    sizes = [record_count(os.path.join(root, split)) for split in ("train", "val")]
     return DatasetInfo("text", os.path.join(root, "train"), os.path.join(root, "val"),
                        sizes[0], sizes[1], 256, seq_len=int(meta["seq_len"]))
 
@@ -245,32 +237,9 @@ def _list_labels(path: str) -> list[int]:
     return labels
 
 
-def tfrecord_files(split: str) -> tuple[list[str], list[str]]:
-    """The TFRecord files of a split folder, sorted, and their index files
-    (NAME.idx for NAME.tfrecord, NAME.idx beside a shard without extension)."""
-    files = sorted(os.path.join(split, f) for f in os.listdir(split) if _TFRECORD.search(f))
-    return files, [(f[:-len(".tfrecord")] if f.endswith(".tfrecord") else f) + ".idx"
-                   for f in files]
-
-
-def ensure_indices(split: str) -> list[str]:
-    """The index files of a split's TFRecords, made where missing.
-
-    Raises:
-      DataError: no TFRecord files, or an index that cannot be made.
-    """
-    files, indices = tfrecord_files(split)
-    if not files:
-        raise DataError(f"<path>: {split!r} holds no TFRecord files ({TFRECORD_PATTERN})")
-    for file, index in zip(files, indices):
-        if not os.path.isfile(index):
-            _make_index(file, index)
-    return indices
-
-
 def _tfrecord_info(train: str, val: str | None, meta: dict,
                    num_classes: int | None) -> DatasetInfo:
-    sizes = [None if split is None else _records(split) for split in (train, val)]
+    sizes = [None if split is None else record_count(split) for split in (train, val)]
     if num_classes is None and "num_classes" not in meta:
         raise DataError(
             f"<num_classes> is needed: {os.path.dirname(train)!r} has TFRecords and no "
@@ -281,82 +250,6 @@ def _tfrecord_info(train: str, val: str | None, meta: dict,
                        num_classes or 0, augment=True)
     info = _described(info, meta)
     return info if num_classes is None else dataclasses.replace(info, num_classes=num_classes)
-
-
-# DALI's script reads TFRecords through TensorFlow when it can import it, else
-# as plain files; plain files are all these are, and importing TensorFlow
-# would take seconds per file. A None in sys.modules makes the import fail.
-_RUN_TFRECORD2IDX = """
-import runpy, sys
-sys.modules["tensorflow"] = None
-script, record, index = sys.argv[1:]
-sys.argv = ["tfrecord2idx", record, index]
-runpy.run_path(script, run_name="__main__")
-"""
-
-
-def _make_index(file: str, index: str) -> None:
-    """Writes DALI's index of `file` with DALI's own `tfrecord2idx` script, or,
-    where the wheel's scripts were not installed (pip's target folder, some conda
-    builds), with `write_index`, which writes the same lines."""
-    import shutil
-
-    script = os.path.join(os.path.dirname(sys.executable), "tfrecord2idx")
-    script = script if os.path.isfile(script) else shutil.which("tfrecord2idx")
-    partial = index + ".partial"
-    if script is None:
-        write_index(file, partial)
-        os.replace(partial, index)
-        return
-    try:
-        result = subprocess.run([sys.executable, "-c", _RUN_TFRECORD2IDX, script, file, partial],
-                                capture_output=True, text=True)
-    except OSError as err:
-        raise DataError(f"<path>: cannot make the index of {file}: {err}") from None
-    if result.returncode != 0 or not os.path.isfile(partial):
-        reason = (result.stderr.strip().splitlines() or ["no index written"])[-1]
-        raise DataError(f"<path>: DALI's tfrecord2idx failed on {file}: {reason}")
-    os.replace(partial, index)
-
-
-def write_index(file: str, index: str) -> None:
-    """DALI's index of a TFRecord file, as its tfrecord2idx writes it: per
-    record, its offset and its length with the framing (8-byte length,
-    4-byte CRC, the data, 4-byte CRC).
-
-    Raises:
-      DataError: a file that is not a complete TFRecord file.
-    """
-    import struct
-
-    size = os.path.getsize(file)
-    lines = []
-    with open(file, "rb") as stream:
-        offset = 0
-        while offset < size:
-            header = stream.read(8)
-            if len(header) < 8:
-                raise DataError(f"<path>: {file} is not a valid TFRecord file "
-                                f"(a record header is cut at byte {offset})")
-            (length,) = struct.unpack("<q", header)
-            record = 8 + 4 + length + 4
-            if length < 0 or offset + record > size:
-                raise DataError(f"<path>: {file} is not a valid TFRecord file "
-                                f"(the record at byte {offset} runs past its end)")
-            lines.append(f"{offset} {record}\n")
-            offset += record
-            stream.seek(offset)
-    with open(index, "w") as out:
-        out.writelines(lines)
-
-
-def _records(split: str) -> int:
-    """Records in a split's TFRecord files: lines of their DALI indices."""
-    total = 0
-    for index in ensure_indices(split):
-        with open(index, "rb") as stream:
-            total += sum(1 for line in stream if line.strip())
-    return total
 
 
 def class_folders(root: str) -> list[str]:

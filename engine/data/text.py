@@ -17,7 +17,8 @@ import os
 import sysconfig
 from collections.abc import Callable
 
-from engine.data.inspect import DataError, ensure_indices
+from engine.data.errors import DataError
+from engine.data.tfrecord_index import ensure_indices
 
 __all__ = ["DEFAULT_CORPUS", "HELD_OUT", "corpus", "digest", "is_prepared", "prepare",
            "stdlib_corpus"]

@@ -110,7 +110,7 @@ def write_tfrecord_split(directory: str, images: np.ndarray, labels: np.ndarray,
     """
     import tensorflow as tf
 
-    from engine.data.inspect import ensure_indices
+    from engine.data.tfrecord_index import ensure_indices
 
     name = os.path.basename(os.path.normpath(directory))
     bounds = np.linspace(0, len(images), shards + 1).astype(int)

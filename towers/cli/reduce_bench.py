@@ -30,7 +30,7 @@ from click.core import ParameterSource
 from engine.core.options import VARIABLE_MODES
 from engine.cost import timing
 from engine.reducers.options import COMPRESSION_DTYPES
-from towers.cli import cost_tables
+from towers.cli import cost_tables, reduce_check
 from towers.cli.common import (
     OneLineCommand,
     UsageFailure,
@@ -190,103 +190,6 @@ def model_gradients(model: str, num_classes: int | None) -> list[tuple[int, ...]
     return [tuple(v.shape) for v in built.trainable_variables]
 
 
-def check_target(spec: str, group_size: int, compress: str | None):
-    """What `--check SPEC` checks, built anew for each placement: a built-in
-    (with its parameters, `topk:ratio=0.05`), the user's
-    `package.module:function`, or `:Class` of a StatefulReducer. Returns it
-    and whether it serves replicated variables only (local SGD)."""
-    from engine import reducers
-    from engine.reducers.conformance import PerPlacement
-    from engine.userfn import load_function
-
-    if spec.partition(":")[0] not in reducers.BUILT_INS:
-        if ":" not in spec:
-            raise UsageFailure(
-                f"--check {spec!r} is not one of {', '.join(reducers.BUILT_INS)} and not "
-                "package.module:function"
-            )
-        load_function(spec, "check")  # a UsageError, which names --check
-    try:
-        options = reducers.ReducerOptions(name=spec, group_size=group_size, compress=compress)
-    except reducers.ReducerError:
-        raise  # OneLineCommand names the flags
-    # New options per placement: a class is instantiated for each.
-    target = PerPlacement(lambda placement: reducers.build(
-        reducers.ReducerOptions(name=spec, group_size=group_size, compress=compress), placement))
-    return target, options.method == "localsgd"
-
-
-def check_table(rows, counts) -> str:
-    """Rows: the checks; columns: the tower counts; cells: pass, FAIL or -."""
-    from engine.reducers.conformance import CHECKS
-
-    lines = [f"{'towers':<11}" + "".join(f"{n:>6}" for n in counts)]
-    unchecked = False
-    for name in CHECKS:
-        if name == "traffic" and not any(r.name == name for r in rows):
-            continue  # no figure declared: said below the table
-        cells = []
-        for n in counts:
-            ran = [r.passed for r in rows if r.name == name and r.towers == n]
-            cells.append("-" if not ran else "pass" if all(ran) else "FAIL")
-        lines.append(f"{name:<11}" + "".join(f"{c:>6}" for c in cells))
-        unchecked = unchecked or "-" in cells
-    if unchecked:
-        lines.append("-: not checked (a check it needs failed, no traffic figure, or a "
-                     "lossy reducer: feedback instead of mean, where it keeps residuals)")
-    return "\n".join(lines)
-
-
-def failure_lines(rows) -> list[str]:
-    """One line per distinct failure: the check, the tower count, the cases, why."""
-    cases: dict[tuple, list] = {}
-    for r in rows:
-        if not r.passed:
-            cases.setdefault((r.name, r.towers, r.detail), []).append(r)
-    lines = []
-    for (name, towers, detail), failed in cases.items():
-        dtypes = ", ".join(dict.fromkeys(r.dtype for r in failed))
-        kinds = " and ".join(dict.fromkeys(r.destinations for r in failed))
-        count = f"{towers} tower{'s' if towers > 1 else ''}"
-        lines.append(f"FAIL {name} with {count} ({dtypes}; {kinds}): {detail}")
-    return lines
-
-
-def run_check(spec, placement, reduce_device, group_size, compress) -> int:
-    """Prints the conformance table of `spec`; returns the exit code."""
-    from engine.reducers import conformance
-    from engine.reducers.base import COMPRESSION
-
-    target, replicated_only = check_target(spec, group_size, compress)
-    devices = list(placement.devices)
-    counts = list(range(1, len(devices) + 1))
-    sent_as = f", sent as {compress}" if compress else ""
-    click.echo(f"checking {spec}: towers on {', '.join(devices)}, reduce device "
-               f"{reduce_device}, gradients in "
-               f"{', '.join(d.name for d in conformance.DTYPES)}{sent_as}")
-
-    def progress(n, rows):
-        failed = sum(not r.passed for r in rows)
-        click.echo(f"checked {n} tower{'s' if n > 1 else ''}: {len(rows)} checks, "
-                   f"{failed} failed", err=True)
-
-    kinds = (conformance.REPLICATED,) if replicated_only else (
-        conformance.REPLICATED, conformance.REDUCE_DEVICE)
-    rows = conformance.check(target, devices, reduce_device=reduce_device,
-                             compressed_to=COMPRESSION.get(compress), progress=progress,
-                             kinds=kinds)
-    click.echo(check_table(rows, counts))
-    if not any(r.name == "traffic" for r in rows):
-        click.echo("traffic: no figure declared (a traffic() method; see "
-                   "engine/reducers/conformance.py)")
-    for line in failure_lines(rows):
-        click.echo(line)
-    failed = sum(not r.passed for r in rows)
-    click.echo(f"{failed} of {len(rows)} checks failed" if failed
-               else f"{len(rows)} checks passed")
-    return 1 if failed else 0
-
-
 @click.command(name="tower-reduce-bench", cls=OneLineCommand)
 @click.option("--devices", default=None,
               help="Towers, as for tower-train (cpu:N splits the host CPU). "
@@ -408,7 +311,8 @@ def reduce_bench(devices, reduce_device, check, sizes, model, num_classes, names
     ).placement
     if check is not None:
         # The reduce device training would use (the same default).
-        sys.exit(run_check(check, placement, placement.reduce_device, group_size, compress))
+        sys.exit(reduce_check.run_check(check, placement, placement.reduce_device,
+                                        group_size, compress))
     if fit_links:
         fitted = cost_tables.fit_links(placement, cluster_options, fit_links)
         _write_json(json_path, {"errors": fitted.errors, "seconds": fitted.seconds})

@@ -16,7 +16,8 @@ here, and predicts its time on each topology with the cost model
 
 from towers.study import papers
 from towers.study.predict import predict
+from towers.study.runs import Run
 from towers.study.scales import Scale
-from towers.study.study import Method, Run, Study, compare
+from towers.study.study import Method, Study, compare
 
 __all__ = ["Method", "Run", "Scale", "Study", "compare", "papers", "predict"]

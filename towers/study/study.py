@@ -17,12 +17,13 @@ import dataclasses
 import json
 import os
 import re
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from engine.errors import UsageError
+from towers.study import runs as runs_lib
+from towers.study.runs import Run
 from towers.study.scales import Scale
 
 __all__ = ["Method", "Run", "Study", "compare"]
@@ -31,9 +32,6 @@ __all__ = ["Method", "Run", "Study", "compare"]
 # study's baseline is the first of them it lists (uncompressed), else
 # `central`, added in front.
 EXACT = ("central", "ring", "tree", "hierarchical")
-# Exact means in one op each (NCCL, TensorFlow's collectives): their bytes
-# are not _Send/_Recv pairs, so they count as a dense ring's.
-OPAQUE = ("collective", "nccl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,44 +60,6 @@ class Method:
         if own:
             raise UsageError(f"<reducers> {self.label or self.reducer!r}: {', '.join(own)} "
                              "are the study's to set, the same for every method")
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One reducer trained with one seed.
-
-    Attributes:
-      reducer: the reducer's label (its spec, or your function's name).
-      seed: the run's seed.
-      epochs: the metrics record of every epoch (`loss`, `eval_accuracy`, ...).
-      step_losses: the training loss of every step, in order.
-      bytes_per_step: bytes the first train step moved between devices (the
-        placement log's figure).
-      declared_bytes: bytes the reducer says a step sends, or None.
-      mean_bytes_per_step: bytes per step averaged over steps (local SGD
-        sends only on its averaging steps).
-      bytes_ratio: `mean_bytes_per_step` over a dense ring all-reduce's bytes
-        on the same towers.
-      step_seconds: a step's time here (median over the epochs after the
-        first, which traces the step).
-      state_bytes: the reducer's own state (residuals, factors), in bytes.
-      figures: what the predictions start from (`towers.study.predict`).
-      predictions: scale label -> what `towers.study.predict` gives, for
-        the study's scales.
-    """
-
-    reducer: str
-    seed: int
-    epochs: list[dict]
-    step_losses: list[float]
-    bytes_per_step: int
-    declared_bytes: int | None
-    mean_bytes_per_step: float
-    bytes_ratio: float
-    step_seconds: float
-    state_bytes: int
-    figures: dict
-    predictions: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,81 +205,6 @@ def _write_workload(out: str, signature: dict) -> None:
         json.dump(signature, stream, indent=1)
 
 
-def _epochs(metrics: str) -> list[dict]:
-    """Every epoch's record, the last written where a resumed run wrote one twice."""
-    if not os.path.exists(metrics):
-        return []
-    with open(metrics) as stream:
-        records = {r["epoch"]: r for r in map(json.loads, filter(str.strip, stream))}
-    return [records[k] for k in sorted(records)]
-
-
-def _step_losses(logdir: str) -> list[float]:
-    """`train/loss` of every step from the run's TensorBoard events (a step
-    trained again after a resume counts once, as its last value)."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
-
-    losses = {}
-    for name in sorted(os.listdir(logdir)):
-        if not name.startswith("events."):
-            continue
-        for record in tf.data.TFRecordDataset(os.path.join(logdir, name)):
-            event = event_pb2.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                if value.tag == "train/loss":
-                    losses[event.step] = float(tf.make_ndarray(value.tensor))
-    return [losses[step] for step in sorted(losses)]
-
-
-def _state_bytes(trainer) -> int:
-    from engine.reducers.stateful import stateful_part
-
-    state = stateful_part(trainer.built.step.reducer) if trainer.built else None
-    if state is None:
-        return 0
-    return sum(v.shape.num_elements() * v.dtype.size for v in state.variables)
-
-
-def _measure(trainer, options, seed: int, folder: str) -> Run:
-    from engine.placement import report
-
-    entries = report.load(os.path.join(folder, "placement.jsonl"))
-    info = report.run_info(entries)
-    measured = sum(report.matrix(entries, "train").values())
-    mean = float(measured)
-    if options.builtin in OPAQUE:
-        mean = float(report.dense_ring_bytes(info))
-    if options.method == "localsgd":  # it sends only every `every` steps
-        from engine.reducers import parameters
-
-        every = (options.arguments.get("every", parameters("localsgd")["every"])
-                 if options.builtin else options.function.every)
-        mean = measured / every
-    epochs = _epochs(os.path.join(folder, "metrics.jsonl"))
-    times = [r["seconds"] / r["steps"] for r in epochs]
-    figures = {"method": options.method, "parameter_bytes": info["parameter_bytes"],
-               "towers": len(info["towers"]),
-               "bytes_ratio": mean / report.dense_ring_bytes(info),
-               "step_seconds": statistics.median(times[1:] or times),
-               "steps_per_epoch": epochs[-1]["steps"],
-               "simulated": max([count for _, count in trainer.placement.simulated()],
-                                default=1)}
-    return Run(reducer=options.label, seed=seed, epochs=epochs,
-               step_losses=_step_losses(os.path.join(folder, "tensorboard")),
-               bytes_per_step=measured,
-               declared_bytes=report.reduction_bytes(info), mean_bytes_per_step=mean,
-               bytes_ratio=figures["bytes_ratio"], step_seconds=figures["step_seconds"],
-               state_bytes=_state_bytes(trainer), figures=figures)
-
-
-def _load_run(path: str) -> Run:
-    with open(path) as stream:
-        fields = json.load(stream)
-    fields.pop("predictions", None)  # made again for this study's scales
-    return Run(**fields)
-
-
 def compare(
     reducers: Sequence[str | Callable | Method],
     *,
@@ -429,7 +314,7 @@ def compare(
         what = f"run {k}/{len(plan)}: {o.label}, seed {seed}"
         if os.path.exists(done):
             say(f"{what}: finished before, kept")
-            runs.append(_load_run(done))
+            runs.append(runs_lib.load(done))
             continue
         os.makedirs(folder, exist_ok=True)
         checkpoints = os.path.join(folder, "checkpoints")
@@ -442,7 +327,7 @@ def compare(
             resume=resume, placement_log=None if os.path.exists(log) else log,
             logdir=os.path.join(folder, "tensorboard"),
             callbacks=[report.EpochLine(say, epochs)])
-        run = _measure(run_trainer, o, seed, folder)
+        run = runs_lib.measure(run_trainer, o, seed, folder)
         with open(done + ".partial", "w") as handle:
             json.dump(dataclasses.asdict(run), handle)
         os.replace(done + ".partial", done)  # a run is finished once this exists
