@@ -17,3 +17,8 @@ The public Python API is `towers`; this package is what it is built from.
 
 __all__ = ["core", "cost", "data", "errors", "placement", "quiet", "reducers", "run", "scopes",
            "topology", "userfn"]
+
+# The options classes declare their fields as the arguments messages name
+# (engine.errors.declare): loaded with the engine, before any message is
+# rendered. It imports no TensorFlow.
+from engine.core import options as _options  # noqa: E402,F401

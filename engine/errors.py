@@ -13,7 +13,8 @@ with markers that each side renders in its own terms:
 
 `str(error)` is the Python rendering; `error.render(flags)` the one for a
 command line whose flags map argument names to flags. Only the names in
-`ARGUMENTS` are markers, so that text such as `<lambda>` stays as it is.
+`ARGUMENTS` and the fields of declared options classes (`declare`) are
+markers, so that text such as `<lambda>` stays as it is.
 """
 
 from __future__ import annotations
@@ -21,23 +22,38 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"]
+__all__ = ["ARGUMENTS", "RunError", "TowerError", "UsageError", "declare", "is_argument",
+           "render"]
 
-# The arguments of towers.Trainer, its fit, the data sources and the tools.
+# The arguments of towers.Trainer, its fit, the data sources and the tools
+# that no options class declares (`declare`).
 ARGUMENTS = frozenset("""
-    batch_size check check_reducer check_replicas checkpoint_dir checkpoint_every cluster compress
-    compute_dtype connect_timeout dali_threads data deterministic devices epochs eval_steps
-    fit_links from_logits json save_model verbose callbacks
-    augment format gpu_memory group_size growth_interval image_shape image_size initial
-    keep_checkpoints learning_rate lr_schedule warmup_epochs clip_norm label_smoothing
-    weight_decay metrics_top_k accumulate init_weights keep_best
-    logdir loss max_bytes max_peak_memory max_total_bytes max_transfer_bytes metrics minimum
-    mixed_precision model num_classes optimizer pack_bytes path pipeline
-    placement_log port prefetch profile_steps reduce_device reducer reducers resume samples seed
-    seeds seq_len sizes out target_accuracy topologies
-    skip_nonfinite source step_timeout steps_per_epoch steps_per_loop strict_placement
-    topology variables xla best log_device_placement placement_summary steps stream
+    augment batch_size best callbacks check check_reducer checkpoint_dir checkpoint_every
+    cluster compress connect_timeout dali_threads data deterministic devices fit_links
+    format gpu_memory group_size growth_interval image_shape image_size init_weights initial
+    json keep_best keep_checkpoints log_device_placement logdir lr_schedule max_bytes
+    max_peak_memory max_total_bytes max_transfer_bytes metrics minimum mixed_precision
+    num_classes out pack_bytes path pipeline placement_log placement_summary port prefetch
+    profile_steps reduce_device reducer reducers resume samples save_model seeds seq_len
+    sizes skip_nonfinite source step_timeout steps stream strict_placement target_accuracy
+    topologies topology verbose warmup_epochs
 """.split())
+_declared: set[str] = set()
+
+
+def declare(options_class) -> None:
+    """Makes the fields of a frozen options dataclass markers: an option
+    declared there is rendered in messages with nothing else to keep
+    (engine.core.options declares its classes as it defines them)."""
+    import dataclasses
+
+    _declared.update(f.name for f in dataclasses.fields(options_class) if f.init)
+
+
+def is_argument(name: str) -> bool:
+    """Whether `<name>` in a message is a marker (ARGUMENTS, or a declared field)."""
+    return name in ARGUMENTS or name in _declared
+
 
 _MARKER = re.compile(r"<([a-z_][a-z0-9_]*)(?:=([^<>]*))?>")
 
@@ -68,7 +84,7 @@ def render(message: str, flags: Mapping[str, str] | None = None) -> str:
 
     def one(match: re.Match) -> str:
         name, value = match.group(1), match.group(2)
-        if name not in ARGUMENTS:
+        if not is_argument(name):
             return match.group(0)
         flags_ = flags or {}
         if value is not None and f"{name}={value}" in flags_:

@@ -48,7 +48,8 @@ PUBLIC = {
     "engine.placement": ["analysis", "budgets", "log", "overlap", "profile", "reasons", "render",
                          "report", "summary", "tensorboard", "timeline", "trace"],
     "engine.topology": ["cluster", "devices", "process", "splits"],
-    "engine.errors": ["ARGUMENTS", "RunError", "TowerError", "UsageError", "render"],
+    "engine.errors": ["ARGUMENTS", "RunError", "TowerError", "UsageError", "declare", "is_argument",
+                      "render"],
     "engine.userfn": ["UserCodeError", "calling", "check_signature", "label", "load_function",
                       "parameters", "spec_arguments"],
 }

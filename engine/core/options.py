@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from engine import errors
 from engine.core.schedules import Schedule
 from engine.errors import UsageError
 from engine.userfn import label
@@ -276,6 +277,14 @@ class ModelOptions:
                 f"classes ({num_classes}), or 0 for none")
         return self.metrics_top_k
 
+    def step_settings(self, num_classes: int) -> dict:
+        """What engine.core.step.TowerStep takes from these options beyond the
+        variables, loss and reducer: its keyword arguments, for a run of
+        `num_classes` classes. A setting of the update step is declared here
+        and in TowerStep, and reaches it with nothing in between."""
+        return {"xla": self.xla, "model_label": self.model_name, "clip_norm": self.clip_norm,
+                "top_k": self.top_k_for(num_classes), "accumulate": self.accumulate}
+
     @property
     def optimizer_name(self) -> str:
         """The optimizer as the run's header names it."""
@@ -297,3 +306,8 @@ class ModelOptions:
                 "not a keras.optimizers.Optimizer"
             )
         return optimizer
+
+
+# Their fields are arguments that messages name (engine.errors.declare).
+errors.declare(LoopOptions)
+errors.declare(ModelOptions)

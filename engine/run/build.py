@@ -71,14 +71,10 @@ def build(
             if precision.needs_loss_scaling(model_options.compute_dtype)
             else loss_scale.NoLossScale()
         ),
-        xla=model_options.xla,
         loss=per_sample(model_options.loss, model_options.from_logits,
                         model_options.label_smoothing),
-        model_label=model_options.model_name,
-        clip_norm=model_options.clip_norm,
         reducer_label=reducer_options.label,
-        top_k=model_options.top_k_for(data_options.num_classes),
-        accumulate=model_options.accumulate,
+        **model_options.step_settings(data_options.num_classes),
     )
     check_outputs(step.model, data_options, model_options, step.variables.destinations[0])
     train_iterators = tower_iterators(data_options, placement, training=True)
