@@ -196,7 +196,8 @@ def run_engine(config: dict) -> list[float]:
 
     from engine import reducers
     from engine.core import precision, variables
-    from engine.core.step import StepOutputs, TowerStep
+    from engine.core.outputs import StepOutputs
+    from engine.core.step import TowerStep
     from engine.run import build as train
     from engine.topology.devices import Placement
 

@@ -11,8 +11,8 @@ from conftest import flag_message
 
 from engine.core import loop
 from engine.core.options import LoopOptions
+from engine.core.outputs import StepOutputs
 from engine.core.progress import EpochProgress, MetricsFile
-from engine.core.step import StepOutputs
 
 
 class FakeStep:

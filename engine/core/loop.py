@@ -11,8 +11,9 @@ import tensorflow as tf
 
 from engine import data
 from engine.core.options import LoopOptions
+from engine.core.outputs import StepOutputs
 from engine.core.progress import EpochProgress, MetricsFile, figures
-from engine.core.step import StepOutputs, TowerStep
+from engine.core.step import TowerStep
 
 
 def plain_call(kind: str, function: Callable, *args):
