@@ -277,6 +277,39 @@ class ModelOptions:
                 f"classes ({num_classes}), or 0 for none")
         return self.metrics_top_k
 
+    # Settings of the step that a checkpoint only fits where they are used:
+    # left out of the run's signature at their defaults, so that checkpoints
+    # of runs before them still fit (engine.run.describe.run_signature).
+    _CHECKPOINT_OPTIONAL = ("accumulate",)
+
+    def checkpoint_settings(self) -> dict:
+        """What a checkpoint's variables only fit, by the names of the run's
+        signature: the model, the variable mode, the precision, and the
+        step's settings that are not at their defaults."""
+        defaults = self.checkpoint_defaults()
+        return {"model": self.model_name, "variables": self.variables,
+                "precision": self.compute_dtype,
+                **{name: getattr(self, name) for name in defaults
+                   if getattr(self, name) != defaults[name]}}
+
+    @classmethod
+    def checkpoint_defaults(cls) -> dict:
+        """The step's settings a signature leaves out at these defaults."""
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        return {name: fields[name] for name in cls._CHECKPOINT_OPTIONAL}
+
+    def notes(self) -> list[str]:
+        """How these options change the update or the figures, as the run's
+        header says it (the learning rate's line), one phrase each."""
+        notes = []
+        if self.label_smoothing:
+            notes.append(f"labels smoothed by {self.label_smoothing:g}")
+        if self.clip_norm:
+            notes.append(f"gradients clipped to global norm {self.clip_norm:g} after the mean")
+        if self.metrics_top_k:
+            notes.append(f"top-{self.metrics_top_k} accuracy reported")
+        return notes
+
     def step_settings(self, num_classes: int) -> dict:
         """What engine.core.step.TowerStep takes from these options beyond the
         variables, loss and reducer: its keyword arguments, for a run of

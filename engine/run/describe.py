@@ -77,12 +77,7 @@ def describe(
         on, of = variables_lib.decayed(model)
         lr += (f"; weight decay {model_options.weight_decay:g} (decoupled) on {on} of {of} "
                "variables, none on biases and normalisation scales and offsets (1-D)")
-    if model_options.label_smoothing:
-        lr += f"; labels smoothed by {model_options.label_smoothing:g}"
-    if model_options.clip_norm:
-        lr += f"; gradients clipped to global norm {model_options.clip_norm:g} after the mean"
-    if model_options.metrics_top_k:
-        lr += f"; top-{model_options.metrics_top_k} accuracy reported"
+    lr += "".join(f"; {note}" for note in model_options.notes())
     how = "" if reducer.name == "central" else f"{label(reducer.name)} "
     extras = [
         f"packed in {reducer.pack_bytes:,}-byte buffers" if reducer.pack_bytes else "",
@@ -132,23 +127,23 @@ def run_signature(placement: Placement, options: TrainOptions) -> str:
     """What a checkpoint's data position and variables only fit, as JSON:
     the towers, the batch, the data, the model, the variable mode, the
     reducer and the compute dtype."""
+    model = options.model.checkpoint_settings()
     return json.dumps({
         "towers": ",".join(placement.devices),
         "batch": options.data.batch_size,
         "data": f"{options.data.format}:{options.data.train_path}",
-        "model": options.model.model_name,
-        "variables": options.model.variables,
+        "model": model.pop("model"),
+        "variables": model.pop("variables"),
         "reducer": options.reducer.label,
-        "precision": options.model.compute_dtype,
-        # Only where it is used: checkpoints of runs before it still fit.
-        **({"accumulate": options.model.accumulate} if options.model.accumulate > 1 else {}),
+        **model,  # the precision, and the step's settings where they are used
     })
 
 
-# How the resume message names each setting, as the argument that sets it.
+# How the resume message names each setting, as the argument that sets it
+# (the model options' own settings are their arguments).
 SIGNATURE_ARGUMENTS = {"towers": "devices", "batch": "batch_size", "data": "data",
                        "model": "model", "variables": "variables", "reducer": "reducer",
-                       "precision": "mixed_precision", "accumulate": "accumulate"}
+                       "precision": "mixed_precision"}
 
 
 def check_signature(path: str, saved: str, signature: str) -> None:
@@ -166,13 +161,17 @@ def check_signature(path: str, saved: str, signature: str) -> None:
         before, now = json.loads(saved), json.loads(signature)
     except ValueError:  # a checkpoint of an older engine: its text as it is
         before, now = {"settings": saved}, {"settings": signature}
-    for settings in (before, now):  # a signature without it was of 1 batch per step
-        if "accumulate" in before or "accumulate" in now:
-            settings.setdefault("accumulate", 1)
-    names = [key for key in {**before, **now} if before.get(key) != now.get(key)] or list(before)
+    for settings in (before, now):  # a setting left out was at its default
+        for key, default in ModelOptions.checkpoint_defaults().items():
+            if key in before or key in now:
+                settings.setdefault(key, default)
+    if before == now:
+        return
+    names = [key for key in {**before, **now} if before.get(key) != now.get(key)]
     was = ", ".join(f"{key} {before.get(key, '?')}" for key in names)
     asked = ", ".join(f"{key} {now.get(key, '?')}" for key in names)
-    named = [f"<{SIGNATURE_ARGUMENTS[k]}>" for k in names if k in SIGNATURE_ARGUMENTS]
+    named = [f"<{SIGNATURE_ARGUMENTS.get(k, k)}>" for k in names
+             if k in SIGNATURE_ARGUMENTS or k in ModelOptions.checkpoint_defaults()]
     arguments = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
     raise UsageError(
         f"<resume>: {path} was written with {was}, and this run has {asked}; resume with "
