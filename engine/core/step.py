@@ -20,11 +20,11 @@ from engine.core.on_device import OnDevice
 from engine.core.outputs import GRAD_NORM, OUTPUT_DTYPES, TOP_K, Reduced, StepOutputs
 from engine.core.sums import EpochSums
 from engine.core.tower import (
-    TowerResult,
     accumulated,
     count_correct,
     evaluation_counts,
     tower_gradients,
+    write_state,
 )
 from engine.core.variables import VariableMode
 from engine.reducers.base import Reducer, mean
@@ -174,7 +174,9 @@ class TowerStep:
             with tf.device(tower.device), tf.name_scope(scopes.tower_scope(tower.index)):
                 model = self.variables.model_for(tower.index)
                 results.append(self._tower_gradients(model, images, labels, scale))
-        self._write_state(results)
+        if self.accumulate > 1:
+            write_state([self.variables.model_for(t.index) for t in self.placement.towers],
+                        results)
         # A reducer builds its ops in plain Python: unconverted by autograph,
         # its own frames stay in a traceback of an error it raises.
         reduce = tf.autograph.experimental.do_not_convert(self.reducer)
@@ -191,30 +193,6 @@ class TowerStep:
                 tf.stack([r.finite for r in results]),
                 tf.add_n([r.top_k_correct for r in results]),
             )
-
-    def _write_state(self, results: Sequence[TowerResult]) -> None:
-        """With accumulation, each model copy's non-trainable variables take
-        the values its towers' micro-batches left, written after every tower
-        has read them, so no tower waits for another's loop. A copy shared
-        by several towers takes the mean of their floating-point values
-        (BatchNorm's moving statistics, moved by every tower's batches) and
-        the last tower's others (dropout's seed counters)."""
-        if self.accumulate == 1:
-            return
-        copies = {}
-        for tower, result in zip(self.placement.towers, results):
-            model = self.variables.model_for(tower.index)
-            copies.setdefault(id(model), (model, []))[1].append(result.state)
-        for model, states in copies.values():
-            # On the step's own device (the reduce device), where a shared
-            # copy lives.
-            with tf.name_scope(scopes.UPDATE):
-                for k, variable in enumerate(model.non_trainable_variables):
-                    values = [state[k] for state in states]
-                    if tf.as_dtype(variable.dtype).is_floating and len(values) > 1:
-                        variable.assign(tf.add_n(values) / len(values))
-                    else:
-                        variable.assign(values[-1])
 
     def _next_batches(self, iterators, count: int = 1):
         """Each tower's next batch, or its next `count` stacked ([count, B, ...])."""

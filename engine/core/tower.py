@@ -14,6 +14,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from engine import scopes
 from engine.core.losses import Loss, sample_means, sparse_cross_entropy
 from engine.userfn import calling
 
@@ -179,3 +180,25 @@ def evaluation_counts(model, images, labels, valid, loss: Loss, label: str,
     if top_k:
         counts.append(tf.reduce_sum(count_correct(labels, outputs, top_k) * real))
     return tf.stack(counts)
+
+
+def write_state(models: Sequence[keras.Model], results: Sequence[TowerResult]) -> None:
+    """With accumulation, each model copy's non-trainable variables take the
+    values its towers' micro-batches left (`models[k]` is tower k's copy),
+    written after every tower has read them, so no tower waits for another's
+    loop. A copy shared by several towers takes the mean of their
+    floating-point values (BatchNorm's moving statistics, moved by every
+    tower's batches) and the last tower's others (dropout's seed counters).
+    Called on the step's own device (the reduce device), where a shared copy
+    lives."""
+    copies = {}
+    for model, result in zip(models, results):
+        copies.setdefault(id(model), (model, []))[1].append(result.state)
+    for model, states in copies.values():
+        with tf.name_scope(scopes.UPDATE):
+            for k, variable in enumerate(model.non_trainable_variables):
+                values = [state[k] for state in states]
+                if tf.as_dtype(variable.dtype).is_floating and len(values) > 1:
+                    variable.assign(tf.add_n(values) / len(values))
+                else:
+                    variable.assign(values[-1])
