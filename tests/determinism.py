@@ -82,9 +82,22 @@ def figures(mnist_dir: str, name: str, work: str) -> dict:
     }
 
 
+# What the bits also depend on: a new Keras or numpy moves them (2026-12-08:
+# every reducer's weights moved, its losses and bytes did not).
+PACKAGES = ("tensorflow", "keras", "numpy", "nvidia-dali-cuda120")
+
+
+def environment() -> dict:
+    """The versions of PACKAGES here."""
+    from importlib import metadata
+
+    return {name: metadata.version(name) for name in PACKAGES}
+
+
 def main(mnist_dir: str, out: str) -> None:
     with tempfile.TemporaryDirectory() as work:
         results = {name: figures(mnist_dir, name, work) for name in RUNS}
+    results["_environment"] = environment()
     with open(out, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
 
