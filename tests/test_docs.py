@@ -145,6 +145,9 @@ CHECKS = {
         and os.path.getsize(os.path.join(cwd, "lenet.keras")) > 100_000),
     "callbacks.py": lambda out, cwd: stopped_early(out),
     "save_and_load.py": lambda out, cwd: out == "(3, 10)\n",
+    "ema.py": lambda out, cwd: (
+        float(re.search(r"^held-out accuracy of the averaged weights ([0-9.]+)$", out, re.M)[1])
+        >= 0.8 and out.splitlines()[-1] == "saved the averages: True"),
     "schedule.py": lambda out, cwd: out.splitlines()[:6] == [
         "step  5: learning rate 0.0500", "step 10: learning rate 0.1000",
         "step 15: learning rate 0.0854", "step 20: learning rate 0.0500",

@@ -75,6 +75,10 @@ class Trainer(TrainerBase):
         `accumulate * batch_size` would (BatchNorm aside: it normalises by
         each batch's own statistics). An epoch has that many times fewer
         steps, and the default learning rate scales with the larger batch.
+      ema: average the weights (an exponential moving average with this
+        momentum, as Keras optimizers' `use_ema`/`ema_momentum`; 0.999 is
+        typical): evaluation, checkpoints, the best checkpoint and `save`
+        use the averaged weights, and a resumed run goes on with both.
       init_weights: start from these weights instead of new ones: a `.keras`
         file (`save`, `--save-model`) or a checkpoint of this engine (a
         `checkpoint_dir`, its newest, or one `ckpt-N` in it) of the same
@@ -161,6 +165,7 @@ class Trainer(TrainerBase):
         weight_decay: float = 0.0,
         metrics_top_k: int | None = None,
         accumulate: int = 1,
+        ema: float = 0.0,
         init_weights: str | None = None,
         loss: keras.losses.Loss | Callable | None = None,
         from_logits: bool = False,
@@ -225,7 +230,7 @@ class Trainer(TrainerBase):
             loss=loss, from_logits=from_logits, seed=seed, variables=variables,
             schedule=schedules.of(lr_schedule, warmup_epochs), clip_norm=clip_norm,
             label_smoothing=label_smoothing, weight_decay=weight_decay,
-            metrics_top_k=metrics_top_k, accumulate=accumulate,
+            metrics_top_k=metrics_top_k, accumulate=accumulate, ema=ema,
         )
         source = data or sources.mnist()
         pairing.check_image_size(image_size, source)

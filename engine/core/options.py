@@ -184,6 +184,9 @@ class ModelOptions:
       accumulate: micro-batches per tower per step (gradient
         accumulation): a step's one reduction and update take the mean
         gradient of `accumulate` batches per tower, run in turn.
+      ema: the momentum of an exponential moving average of the weights
+        (0: none; engine.core.step.TowerStep): evaluation, checkpoints and
+        saving use the averaged weights.
 
     Raises:
       UsageError: naming the argument, its value and what would be valid.
@@ -206,6 +209,7 @@ class ModelOptions:
     weight_decay: float = 0.0
     metrics_top_k: int | None = None
     accumulate: int = 1
+    ema: float = 0.0
 
     def __post_init__(self):
         if not self.model_name:
@@ -252,6 +256,9 @@ class ModelOptions:
         if self.accumulate < 1:
             raise UsageError(f"<accumulate> ({self.accumulate}) must be at least 1 "
                              "(1: no accumulation)")
+        if not 0 <= self.ema < 1:
+            raise UsageError(f"<ema> ({self.ema}) must be at least 0 and below 1 (0.999 "
+                             "averages over about the last 1,000 updates; 0: none)")
         if self.variables not in VARIABLE_MODES:
             raise UsageError(
                 f"<variables> {self.variables!r} is not one of {', '.join(VARIABLE_MODES)}"
@@ -280,7 +287,7 @@ class ModelOptions:
     # Settings of the step that a checkpoint only fits where they are used:
     # left out of the run's signature at their defaults, so that checkpoints
     # of runs before them still fit (engine.run.describe.run_signature).
-    _CHECKPOINT_OPTIONAL = ("accumulate",)
+    _CHECKPOINT_OPTIONAL = ("accumulate", "ema")
 
     def checkpoint_settings(self) -> dict:
         """What a checkpoint's variables only fit, by the names of the run's
@@ -308,6 +315,9 @@ class ModelOptions:
             notes.append(f"gradients clipped to global norm {self.clip_norm:g} after the mean")
         if self.metrics_top_k:
             notes.append(f"top-{self.metrics_top_k} accuracy reported")
+        if self.ema:
+            notes.append(f"weights averaged (EMA {self.ema:g}): evaluation, checkpoints and "
+                         "saving use the averages")
         return notes
 
     def step_settings(self, num_classes: int) -> dict:
@@ -316,7 +326,8 @@ class ModelOptions:
         `num_classes` classes. A setting of the update step is declared here
         and in TowerStep, and reaches it with nothing in between."""
         return {"xla": self.xla, "model_label": self.model_name, "clip_norm": self.clip_norm,
-                "top_k": self.top_k_for(num_classes), "accumulate": self.accumulate}
+                "top_k": self.top_k_for(num_classes), "accumulate": self.accumulate,
+                "ema": self.ema}
 
     @property
     def optimizer_name(self) -> str:

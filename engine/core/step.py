@@ -63,6 +63,13 @@ class TowerStep:
         accumulation): each tower takes this many batches in turn and
         averages their gradients (engine.core.tower.accumulated) before
         the one reduction and update of the step.
+      ema: keep an exponential moving average of the trainable weights
+        with this momentum (0: none), as Keras' `use_ema`: the first
+        update's weights start it, then each update makes it
+        `ema * average + (1 - ema) * weights`. Between steps the model's
+        variables hold the averages, so evaluation, checkpoints and saving
+        see them; the weights being trained wait in `trained` and are put
+        back for the towers and the update of each step.
       model_label, reducer_label: how messages name the model and the
         reducer when they raise.
     """
@@ -81,6 +88,7 @@ class TowerStep:
         clip_norm: float | None = None,
         top_k: int = 0,
         accumulate: int = 1,
+        ema: float = 0.0,
     ):
         self.variables = variables
         self.model = variables.model
@@ -94,6 +102,7 @@ class TowerStep:
         self.clip_norm = clip_norm
         self.top_k = top_k
         self.accumulate = accumulate
+        self.ema = ema
 
         one_tower = accumulated if accumulate > 1 else tower_gradients
 
@@ -114,6 +123,13 @@ class TowerStep:
         self.reducer_context = self._reducer_context()
         with calling("reducer", reducer_label, "cannot be built:"):
             build_state(reducer, self.reducer_context)
+        self.trained, self.averaging = [], None
+        if ema:  # each trainable weight's trained value, beside it
+            for variable in self._trainable():
+                with tf.device(variable.value.device):
+                    self.trained.append(tf.Variable(variable.value, trainable=False))
+            with tf.device(placement.reduce_device):  # whether the averages have begun
+                self.averaging = tf.Variable(False, trainable=False)
         device = placement.reduce_device
         self.train = OnDevice(tf.function(self._train), device)
         self.train_loop = OnDevice(tf.function(self._train_loop), device)
@@ -151,7 +167,46 @@ class TowerStep:
             "global_step": self.global_step,
             "skipped": self.skipped,
             **self.sums.trackables(),
+            **({"ema_trained": self.trained, "ema_averaging": self.averaging}
+               if self.ema else {}),
         }
+
+    def _trainable(self) -> list:
+        """The trainable variables of every model copy, in the copies' order."""
+        copies = {id(m): m for m in (self.variables.model_for(t.index)
+                                     for t in self.placement.towers)}
+        return [v for model in copies.values() for v in model.trainable_variables]
+
+    def _put_back_trained(self) -> list | None:
+        """With `ema`: reads the averages the model holds and puts the trained
+        weights back in their place for this step (before the averages have
+        begun, the model's own are the trained ones); returns the averages."""
+        if not self.ema:
+            return None
+        averages = []
+        with tf.name_scope(scopes.UPDATE):
+            for variable, trained in zip(self._trainable(), self.trained):
+                with tf.device(trained.device):
+                    averages.append(tf.identity(variable))
+                    variable.assign(tf.where(self.averaging, trained, averages[-1]))
+        return averages
+
+    def _average(self, averages: list | None, updates: tf.Tensor) -> None:
+        """With `ema`: keeps the trained weights aside and leaves the averages
+        in the model, moved by this step's weights where it updated."""
+        if not self.ema:
+            return
+        with tf.name_scope(scopes.UPDATE):
+            begun = tf.identity(self.averaging)
+            for variable, trained, average in zip(self._trainable(), self.trained, averages):
+                with tf.device(trained.device):
+                    weights = tf.identity(variable)
+                    trained.assign(weights)
+                    moved = self.ema * average + (1.0 - self.ema) * weights
+                    variable.assign(tf.where(begun, tf.where(updates, moved, average),
+                                             weights))
+            with tf.device(self.placement.reduce_device):
+                self.averaging.assign(tf.logical_or(begun, updates))
 
     @property
     def top_k_name(self) -> str | None:
@@ -228,6 +283,7 @@ class TowerStep:
         `after_update`, and the run stops without saving). Every count is
         kept by selects, not branches.
         """
+        averages = self._put_back_trained()
         step = self.gradients(batches)
         with tf.device(self.placement.reduce_device), tf.name_scope(scopes.UPDATE):
             samples = tf.add_n([self._samples(images) for images, _ in batches])
@@ -253,6 +309,7 @@ class TowerStep:
         if state is not None:  # after the update, skipped or not (local SGD's averaging)
             # Plain Python that builds ops, like the reducer: not converted.
             tf.autograph.experimental.do_not_convert(state.after_update)()
+        self._average(averages, updates)
         with tf.device(self.placement.reduce_device):
             self.global_step.assign_add(tf.cast(allowed, tf.int64))
             return StepOutputs(step.loss, tf.cast(step.correct, tf.float64) / samples,

@@ -30,7 +30,7 @@ SECTIONS = {
              "synthetic_samples", "augment", "data_pipeline", "dali_threads", "prefetch"],
     "Model and loss": ["model", "from_logits", "optimizer", "learning_rate", "lr_schedule",
                        "warmup_epochs", "clip_norm", "label_smoothing",
-                       "weight_decay", "init_weights", "seed"],
+                       "weight_decay", "ema", "init_weights", "seed"],
     "Training": ["batch_size", "accumulate", "epochs", "steps_per_epoch", "steps_per_loop",
                  "eval_steps", "skip_nonfinite", "deterministic", "metrics", "metrics_top_k",
                  "save_model"],
@@ -161,6 +161,15 @@ _OPTIONS = [
         help="Gradient accumulation: batches per tower per step, run in turn; their "
         "mean gradient goes to one reduction and update, as one batch of "
         "K x --batch-size would (BatchNorm aside).",
+    ),
+    click.option(
+        "--ema",
+        default=0.0,
+        type=float,
+        metavar="MOMENTUM",
+        help="Average the weights (an exponential moving average with this momentum, "
+        "0.999 typical; Keras' use_ema): evaluation, checkpoints, the best checkpoint "
+        "and --save-model use the averages.",
     ),
     click.option("--epochs", default=5, show_default=True, type=int,
                  help="Epochs to train in all (a resumed run trains up to this many)."),
