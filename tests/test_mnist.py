@@ -3,9 +3,12 @@
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from engine.data import mnist, records
 
@@ -79,3 +82,32 @@ def test_other_digits_are_written_but_not_called_mnist(digits, tmp_path):
     meta = mnist.write(str(tmp_path / "out"), flipped, "flipped", log=said.append)
     assert (meta["real_mnist"], meta["train"], meta["val"]) == (False, 100, 50)
     assert said[0].startswith("note: these are not the standard MNIST digits")
+
+
+# Writes a few thousand digits to a directory, reporting what it logged.
+WRITER = """
+import sys
+import numpy as np
+from engine.data import mnist
+digits = mnist.from_npz(sys.argv[1])
+said = []
+mnist.write(sys.argv[2], digits, "test", log=said.append)
+print("kept" if any(line.endswith(": kept") for line in said) else "wrote")
+"""
+
+
+def test_processes_that_write_one_directory_at_once_take_turns(digits, tmp_path):
+    # Two first runs on the default MNIST prepare it at the same moment: the
+    # one that waited finds the digits written and keeps them.
+    source = str(tmp_path / "digits.npz")
+    np.savez(source, x_train=digits.train_images[:4000], y_train=digits.train_labels[:4000],
+             x_test=digits.test_images[:1000], y_test=digits.test_labels[:1000])
+    out = str(tmp_path / "mnist")
+    runs = [subprocess.Popen([sys.executable, "-c", WRITER, source, out],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO) for _ in range(2)]
+    said = sorted(run.communicate(timeout=300)[0].strip() for run in runs)
+    assert [run.returncode for run in runs] == [0, 0]
+    assert said == ["kept", "wrote"]
+    assert mnist.is_prepared(out)
+    assert records.count_records(os.path.join(out, "train")) == 4000
+    assert records.count_records(os.path.join(out, "val")) == 1000

@@ -18,6 +18,7 @@ the real MNIST, so a user knows whether a file they gave holds the real digits.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import io
@@ -41,6 +42,8 @@ PICKLE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e141
 # SHA-256 over train images, train labels, test images, test labels, as uint8.
 DIGITS_SHA256 = "06b0d1f124c4e5fa796686ade41a9b778edacc8622f2195a352ef479ad44fc16"
 META = "meta.json"
+# Held while a process writes the directory (`write`).
+LOCK = ".writing"
 FORMATS = ("caffe2", "jpeg", "tfrecord")
 
 _IDX_FILES = {
@@ -200,13 +203,38 @@ def write(directory: str, digits: Digits, source: str, log: Log = print,
     at random (`augment: false`).
 
     `meta.json` is written last, so a directory without it is never taken for a
-    finished dataset.
+    finished dataset. Processes that write one directory at once (two first
+    runs on the default MNIST) take turns: a lock file in it (`.writing`)
+    holds the others back, and one that finds the same digits already
+    written in the same format keeps them.
 
     Returns:
-      The metadata written.
+      The metadata written (or found).
     """
     _check_format(format)
     _check_shapes(digits)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, LOCK), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        found = _written(directory, digits, format)
+        if found is not None:
+            log(f"digits already written in {directory} ({format}): kept")
+            return found
+        return _write(directory, digits, source, log, format)
+
+
+def _written(directory: str, digits: Digits, format: str) -> dict | None:
+    """The metadata of `directory` when it holds these digits in `format`."""
+    try:
+        with open(os.path.join(directory, META)) as stream:
+            meta = json.load(stream)
+    except (OSError, ValueError):
+        return None
+    same = meta.get("format") == format and meta.get("digits_sha256") == digits.sha256()
+    return meta if same else None
+
+
+def _write(directory: str, digits: Digits, source: str, log: Log, format: str) -> dict:
     content = digits.sha256()
     real = content == DIGITS_SHA256
     log(
@@ -215,7 +243,6 @@ def write(directory: str, digits: Digits, source: str, log: Log = print,
         else f"note: these are not the standard MNIST digits (content {content[:16]}...)"
     )
     num_classes = int(max(digits.train_labels.max(), digits.test_labels.max())) + 1
-    os.makedirs(directory, exist_ok=True)
     meta_path = os.path.join(directory, META)
     if os.path.exists(meta_path):
         os.remove(meta_path)
