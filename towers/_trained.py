@@ -27,6 +27,10 @@ class TrainerBase:
     # What stops a run at its next safe point after a signal (the CLI's
     # engine.run.signals.GracefulStop); None: nothing does.
     _stop = None
+    # Told the cluster tasks that stopped answering when a deadline passed
+    # (engine.run.session.open_session's `on_lost`; the CLI's supervisor
+    # restarts the run there); None: the run stops with its warning.
+    _on_lost = None
 
     def _before_tensorflow(self) -> None:
         """Called once the arguments are checked, before TensorFlow starts

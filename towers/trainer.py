@@ -244,7 +244,7 @@ class Trainer(TrainerBase):
             deterministic=deterministic, log_device_placement=log_device_placement,
             collective_towers=(devs.expected_tower_count(request)
                                if reducer_options.builtin == "collective" else None),
-            say=self._say, warn=self._warn, advice=self._resume_advice,
+            say=self._say, warn=self._warn, advice=self._resume_advice, on_lost=self._on_lost,
         )
         self.placement, self.watchdog = session.placement, session.watchdog
         self.info = info or source.inspect(self._say)

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 
 from engine.errors import UsageError
-from engine.run import supervise
 from engine.run.watchdog import Watchdog
 from engine.topology import cluster as cluster_lib
 from engine.topology import devices as devs
@@ -79,6 +78,7 @@ def open_session(
     say: Callable[[str], None] = print,
     warn: Callable[[str], None] = print,
     advice: Callable[[], str] = lambda: "",
+    on_lost: Callable[[tuple[str, ...]], None] | None = None,
 ) -> Session:
     """Sets TensorFlow's process-wide options, waits for the cluster's tasks
     (under a watchdog from then on), splits logical devices and resolves the
@@ -95,6 +95,9 @@ def open_session(
       say: progress while waiting for the cluster.
       warn: the one line printed when a deadline passes, before the run stops.
       advice: what to do then (where the last checkpoint is, how to resume).
+      on_lost: told the tasks that stopped answering when a deadline passes
+        (`tower-train --max-restarts` exits there for its supervisor to
+        start the run again); None: the run stops with `warn`'s line.
 
     Returns:
       The session: placement, cluster and watchdog.
@@ -109,7 +112,7 @@ def open_session(
                   log_device_placement=log_device_placement)
     watchdog = None
     if cluster is not None:
-        watchdog = watch_cluster(cluster, step_timeout, say, warn, advice)
+        watchdog = watch_cluster(cluster, step_timeout, say, warn, advice, on_lost)
     placement = splits.configure(request, connector(cluster, watchdog))
     if request.towers is None and cluster is None and all(
             t.gpu_index is None for t in placement.towers):
@@ -125,6 +128,7 @@ def watch_cluster(
     say: Callable[[str], None],
     warn: Callable[[str], None],
     advice: Callable[[], str],
+    on_lost: Callable[[tuple[str, ...]], None] | None = None,
 ) -> Watchdog:
     """Waits for every task to answer; returns the watchdog that bounds the
     connection and each step from here on.
@@ -135,6 +139,7 @@ def watch_cluster(
       say: progress while waiting.
       warn: the one line printed when a deadline passes, before the run stops.
       advice: what to do then (where the last checkpoint is, how to resume).
+      on_lost: told the tasks that stopped answering (see `open_session`).
 
     Raises:
       ClusterError: the chief's port is taken, or a task never answers.
@@ -153,8 +158,8 @@ def watch_cluster(
         else:
             detail = ("every task answers, so the work is slow or the workers cannot "
                       "reach this process (check the chief address and its port)")
-        if (down or frozen) and supervise.report_lost(supervise.Lost(tuple(down or frozen))):
-            os._exit(supervise.LOST_EXIT)  # --max-restarts starts the run again
+        if (down or frozen) and on_lost is not None:
+            on_lost(tuple(down or frozen))
         warn(f"{what} has not finished after {seconds:.0f} s; {detail}; {advice()}")
 
     return Watchdog(step_timeout, overrun, label=f"<step_timeout={step_timeout:g}>")

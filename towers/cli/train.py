@@ -17,7 +17,7 @@ import click
 
 from engine.core.progress import Voice
 from engine.errors import RunError, TowerError
-from towers.cli import common
+from towers.cli import common, op_errors
 from towers.cli.common import GroupedCommand, UsageFailure
 from towers.cli.train_flags import SECTIONS, options
 from towers.trainer import Trainer
@@ -166,6 +166,15 @@ def _names_user_code(arguments: dict) -> bool:
 class CliTrainer(Trainer):
     """A Trainer whose messages go to the terminal as tower-train's, in flags."""
 
+    @staticmethod
+    def _on_lost(down: tuple[str, ...]) -> None:
+        # A deadline passed on the watchdog's thread: under --max-restarts,
+        # tell the supervisor and leave at once (it starts the run again).
+        from engine.run import supervise
+
+        if supervise.report_lost(supervise.Lost(down)):
+            os._exit(supervise.LOST_EXIT)
+
     @property
     def _resume_hint(self) -> str:
         return resume_command()
@@ -312,7 +321,7 @@ def _fit(trainer, arguments: dict) -> None:
                 # is back already), but the run lost one: its state is gone.
                 first = str(err.message).strip().splitlines()[0][:120]
                 _lost([f"a task of the cluster ({first})"], last)
-        common.fail("tower-train", _explain_op_error(err, trainer.placement, trainer.info), 1)
+        common.fail("tower-train", op_errors.explain(err, trainer.placement, trainer.info), 1)
 
 
 def _report(err: TowerError, debug: bool) -> None:
@@ -329,38 +338,6 @@ def _report(err: TowerError, debug: bool) -> None:
         else:
             message += " (--debug prints its traceback)"
     common.fail("tower-train", message, 1 if isinstance(err, RunError) else 2)
-
-
-def _explain_op_error(err, placement, info) -> str:
-    """One line for a TensorFlow error during training; for a sample DALI
-    could not decode, the tower that hit it and the sample(s) at fault."""
-    from engine.data import check as data_check
-
-    message = str(err.message)
-    tower = data_check.failing_tower(message)
-    where = ""
-    if tower is not None and tower < len(placement.towers):
-        where = f"tower {tower} ({placement.towers[tower].device}): "
-    if data_check.is_decode_failure(message) and info.train_path and info.format != "pipeline":
-        click.echo(f"tower-train: {where}DALI could not decode an image; "
-                   f"checking {info.train_path} for the sample at fault...", err=True)
-
-        def progress(count: int) -> None:
-            click.echo(f"  {count} samples checked", err=True)
-
-        bad = data_check.undecodable(info.format, info.train_path, progress)
-        if info.val_path:
-            bad += data_check.undecodable(info.format, info.val_path, progress)
-        if bad:
-            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-            return (f"{where}cannot decode {', '.join(bad[:3])}{more}; remove or "
-                    "replace what is not a valid image")
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    detail = next(
-        (line for line in lines if "failure" in line or "rror" in line.split(":")[0]),
-        lines[0] if lines else type(err).__name__,
-    )
-    return f"training failed: {where}{detail}"
 
 
 def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
