@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from engine.cost import compare
 from engine.cost.topology import Topology
-from engine.reducers.base import check_towers
 from engine.reducers.stateful import ReducerContext
 
 CANDIDATES = ("central", "ring", "tree", "hierarchical")
@@ -136,7 +135,6 @@ class Auto:
                 for g in grads]
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         names = self._choices(tower_grads[0], devices, destinations)
         out = [[None] * len(names) for _ in destinations]
         for name in dict.fromkeys(names):

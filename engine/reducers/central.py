@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import Link, check_towers, mean
+from engine.reducers.base import Link, mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +21,6 @@ class Central:
     link: Link = dataclasses.field(default_factory=Link)
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         with tf.name_scope(scopes.REDUCE):
             means = []
             for grads in zip(*tower_grads):

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import check_towers
 from engine.reducers.primitives import all_gather
 from engine.reducers.stateful import ReducerContext, StatefulReducer
 
@@ -92,7 +91,6 @@ class ErrorFeedback(StatefulReducer):
         raise NotImplementedError
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         n = len(devices)
         out = [[] for _ in destinations]
         with tf.name_scope(scopes.REDUCE):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import Link, check_towers
+from engine.reducers.base import Link
 from engine.reducers.primitives import all_reduce
 
 # An all-reduce on flat buffers: one 1-D tensor per device in, the mean of
@@ -30,7 +30,6 @@ def reduce_flat(
     """Runs `algorithm` per variable on flattened gradients, then delivers
     (primitives.all_reduce): a destination that is one of the devices takes
     that device's result; any other takes the first device's over `link`."""
-    check_towers(tower_grads, devices)
     out = [[] for _ in destinations]
     for grads in zip(*tower_grads):
         means = all_reduce(

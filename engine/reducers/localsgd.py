@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import ReducerError, check_towers
+from engine.reducers.base import ReducerError
 from engine.reducers.primitives import all_reduce
 from engine.reducers.stateful import ReducerContext, StatefulReducer
 
@@ -65,7 +65,6 @@ class LocalSGD(StatefulReducer):
         return f"on an averaging step, 1 in every {self.every}"
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         out = []
         for destination in destinations:
             k = list(devices).index(destination)

@@ -16,25 +16,59 @@ from collections.abc import Callable
 from engine.errors import UsageError
 from engine.userfn import check_signature, label, load_function, spec_arguments
 
-__all__ = ["BUILT_INS", "COMPRESSION_DTYPES", "ReducerError", "ReducerOptions",
-           "STATEFUL_NAMES", "parameters", "stateful_class"]
+__all__ = ["BUILT_INS", "BuiltIn", "COMPRESSION_DTYPES", "ReducerError", "ReducerOptions",
+           "STATEFUL_NAMES", "TABLE", "factory", "parameters", "stateful_class"]
 
 
 class ReducerError(UsageError):
     """A reducer that cannot serve this placement; the message is one line."""
 
 
-# The research baselines with state, by name, and the class of each; their
-# parameters are their constructors' keyword arguments, `name:key=value,...`.
-_STATEFUL_CLASSES = {
-    "topk": "engine.reducers.topk:TopK",
-    "powersgd": "engine.reducers.powersgd:PowerSGD",
-    "signsgd": "engine.reducers.signsgd:SignSGD",
-    "localsgd": "engine.reducers.localsgd:LocalSGD",
+@dataclasses.dataclass(frozen=True)
+class BuiltIn:
+    """A built-in reducer: what makes it, and what it accepts.
+
+    Attributes:
+      factory: `module:name` of what makes it (imported when it is built):
+        a function of (options, placement, link), or, for one with state,
+        its StatefulReducer class, made with the spec's parameters (its
+        constructor's keyword arguments, `name:key=value,...`).
+      stateful: keeps state between steps (engine.reducers.stateful); it
+        compresses the gradients itself, so `compress` is refused.
+      compresses: moves the gradients itself, narrowed per transfer with
+        `compress` (through the Link it is made with); any other is wrapped
+        in a cast (engine.reducers.cast).
+      unpacked: why packing cannot serve it, or empty where it can.
+    """
+
+    factory: str
+    stateful: bool = False
+    compresses: bool = False
+    unpacked: str = ""
+
+
+# Every built-in by name: the one table the options check and the builder
+# (engine.reducers.registry) read.
+_MADE = "engine.reducers.registry"
+TABLE = {
+    "central": BuiltIn(f"{_MADE}:central", compresses=True),
+    "ring": BuiltIn(f"{_MADE}:ring", compresses=True),
+    "tree": BuiltIn(f"{_MADE}:tree", compresses=True),
+    "hierarchical": BuiltIn(f"{_MADE}:hierarchical", compresses=True),
+    "collective": BuiltIn(f"{_MADE}:collective"),
+    "nccl": BuiltIn(f"{_MADE}:nccl"),
+    "topk": BuiltIn("engine.reducers.topk:TopK", stateful=True),
+    "powersgd": BuiltIn("engine.reducers.powersgd:PowerSGD", stateful=True,
+                        unpacked="PowerSGD factors each gradient's own matrix, which "
+                                 "packing flattens"),
+    "signsgd": BuiltIn("engine.reducers.signsgd:SignSGD", stateful=True),
+    "localsgd": BuiltIn("engine.reducers.localsgd:LocalSGD", stateful=True,
+                        unpacked="local SGD sends no gradients to pack"),
+    # Its candidates, hop-by-hop built-ins, narrow their own transfers.
+    "auto": BuiltIn(f"{_MADE}:auto", compresses=True),
 }
-STATEFUL_NAMES = tuple(_STATEFUL_CLASSES)
-BUILT_INS = ("central", "ring", "tree", "hierarchical", "collective", "nccl",
-             *STATEFUL_NAMES, "auto")
+STATEFUL_NAMES = tuple(name for name, b in TABLE.items() if b.stateful)
+BUILT_INS = tuple(TABLE)
 """Every reducer name `reducer=` takes, stateful ones and `auto` included."""
 # The dtypes `compress` moves gradients in.
 COMPRESSION_DTYPES = ("fp16", "bf16")
@@ -42,17 +76,15 @@ REDUCER_CONTRACT = (
     "a reducer takes (tower_grads, devices, destinations) and returns the mean for "
     "each destination"
 )
-# Built-ins that cannot work on packed buffers, and why.
-_NOT_PACKED = {
-    "powersgd": "PowerSGD factors each gradient's own matrix, which packing flattens",
-    "localsgd": "local SGD sends no gradients to pack",
-}
+def factory(name: str):
+    """What makes the built-in `name` (imports it): TABLE's `factory`."""
+    module, _, attribute = TABLE[name].factory.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def stateful_class(name: str):
     """The class of the built-in reducer with state called `name` (imports it)."""
-    module, _, cls = _STATEFUL_CLASSES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return factory(name)
 
 
 def parameters(name: str) -> dict[str, object]:
@@ -65,7 +97,7 @@ def parameters(name: str) -> dict[str, object]:
       Each parameter's name and default, in order: {"ratio": 0.01} for
       `topk`; {} for a built-in without parameters.
     """
-    if name not in _STATEFUL_CLASSES:
+    if name not in STATEFUL_NAMES:
         return {}
     signature = inspect.signature(stateful_class(name))
     return {p.name: p.default for p in signature.parameters.values()}
@@ -118,7 +150,7 @@ class ReducerOptions:
             builtin, arguments = _parse(self.name)
             object.__setattr__(self, "builtin", builtin)
             object.__setattr__(self, "arguments", arguments)
-            if builtin in _STATEFUL_CLASSES:  # checks the values: ranges are the class's
+            if builtin in STATEFUL_NAMES:  # checks the values: ranges are the class's
                 stateful_class(builtin)(**arguments)
         elif isinstance(self.name, str) and ":" in self.name:
             object.__setattr__(self, "function", load_function(self.name, "reducer",
@@ -142,15 +174,15 @@ class ReducerOptions:
             raise ReducerError(
                 f"<compress> {self.compress!r} is not one of {', '.join(COMPRESSION_DTYPES)}"
             )
-        if self.method in _STATEFUL_CLASSES and self.compress:
+        if self.method in STATEFUL_NAMES and self.compress:
             raise ReducerError(
                 f"<reducer={self.label}> <compress={self.compress}>: {self.method} "
                 "compresses the gradients itself; leave out <compress>"
             )
-        if self.method in _NOT_PACKED and self.pack_bytes:
+        if self.method in TABLE and TABLE[self.method].unpacked and self.pack_bytes:
             raise ReducerError(
                 f"<reducer={self.label}> <pack_bytes={self.pack_bytes}>: "
-                f"{_NOT_PACKED[self.method]}; leave out <pack_bytes>"
+                f"{TABLE[self.method].unpacked}; leave out <pack_bytes>"
             )
         if self.topology is not None and self.method != "auto":
             raise ReducerError(
@@ -170,7 +202,7 @@ class ReducerOptions:
             return self.builtin
         if self.function is None or not _is_stateful_class(type(self.function)):
             return None
-        return next((n for n in _STATEFUL_CLASSES
+        return next((n for n in STATEFUL_NAMES
                      if isinstance(self.function, stateful_class(n))), None)
 
     @property

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import Reducer, check_towers
+from engine.reducers.base import Reducer
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import canonical
 
@@ -79,7 +79,6 @@ class Packed:
         ))
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         first = tower_grads[0]
         buckets = plan(first, self.pack_bytes)
         packed = []

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine import scopes
-from engine.reducers.base import ReducerError, check_towers
+from engine.reducers.base import ReducerError
 from engine.reducers.primitives import all_reduce, broadcast
 from engine.reducers.stateful import ReducerContext, StatefulReducer
 
@@ -115,7 +115,6 @@ class PowerSGD(StatefulReducer):
                 ])
 
     def __call__(self, tower_grads, devices, destinations):
-        check_towers(tower_grads, devices)
         with tf.name_scope(scopes.REDUCE):
             if not self.start_after:
                 return self._compressed(tower_grads, devices, destinations)

@@ -74,8 +74,8 @@ def check_on_model(
                                                      tf.float32, {})
                 problem = first(wrong_shapes)
             if problem is None and state is not None and state.lossy:
-                # Wrapped (packed), its residuals are per buffer, not per gradient.
-                if hasattr(state, "residuals") and state is reducer:
+                # Packed, its residuals are per buffer, not per gradient.
+                if hasattr(state, "residuals") and not _packed(reducer):
                     steps = [arrays] + [gradients() for _ in range(FEEDBACK_STEPS - 1)]
                     problem = feedback_problem(reducer, steps, devices, destinations,
                                                tf.float32, allowed)
@@ -89,3 +89,12 @@ def check_on_model(
             build_state(reducer, context)  # the run starts from fresh state
     if problem is not None:
         raise ReducerError(f"<check_reducer>: <reducer> {name!r} {problem}")
+
+
+def _packed(reducer) -> bool:
+    """Whether packing wraps the reducer (engine.reducers.packing)."""
+    from engine.reducers.packing import Packed
+
+    while reducer is not None and not isinstance(reducer, Packed):
+        reducer = getattr(reducer, "inner", None)
+    return reducer is not None

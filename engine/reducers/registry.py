@@ -1,5 +1,12 @@
-"""The built-in reducers by name, and `build`: from ReducerOptions to the
-reducer a step calls, checked against the placement."""
+"""`build`: from ReducerOptions to the reducer a step calls, and what makes
+each built-in (the functions TABLE in engine.reducers.options names).
+
+Every reducer a run gets is one `build` made: the built-in or the user's
+own, with compression and packing around it, and `Checked` outermost, which
+checks the towers' gradients once before any of them sees them. Each
+reducer opens its own name scopes (packing packs on the towers, outside the
+reduction's scope; the sums are inside it): the placement log reads them.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +14,58 @@ import dataclasses
 import functools
 
 from engine.reducers.auto import CANDIDATES, Auto
-from engine.reducers.base import Link, Reducer
+from engine.reducers.base import Link, Reducer, check_towers
 from engine.reducers.cast import Cast
 from engine.reducers.central import Central
 from engine.reducers.collective import Collective
 from engine.reducers.flat import FlatReducer
 from engine.reducers.hierarchical import hierarchical_all_reduce
-from engine.reducers.localsgd import LocalSGD
 from engine.reducers.nccl import Nccl
-from engine.reducers.options import (
-    ReducerOptions,
-)
+from engine.reducers.options import STATEFUL_NAMES, TABLE, ReducerOptions, factory
 from engine.reducers.packing import Packed
-from engine.reducers.powersgd import PowerSGD
 from engine.reducers.ring import ring_all_reduce, ring_traffic
-from engine.reducers.signsgd import SignSGD
-from engine.reducers.topk import TopK
+from engine.reducers.stateful import ReducerContext, build_state
 from engine.reducers.tree import halving_doubling, halving_doubling_traffic
 from engine.topology.devices import Placement
 
-# The research baselines with state, by name (engine.reducers.options).
-STATEFUL = {"topk": TopK, "powersgd": PowerSGD, "signsgd": SignSGD, "localsgd": LocalSGD}
-# Built-ins that move tensors themselves, hop by hop, through a Link.
-_HOP_BY_HOP = ("central", "ring", "tree", "hierarchical")
+__all__ = ["STATEFUL", "Checked", "build"]
 
+# The research baselines with state, by name (engine.reducers.options.TABLE).
+STATEFUL = {name: factory(name) for name in STATEFUL_NAMES}
+
+
+def central(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return Central(placement.reduce_device, link)
+
+
+def ring(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return FlatReducer(functools.partial(ring_all_reduce, link=link), link, ring_traffic)
+
+
+def tree(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return FlatReducer(functools.partial(halving_doubling, link=link), link,
+                       halving_doubling_traffic)
+
+
+def hierarchical(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return FlatReducer(functools.partial(hierarchical_all_reduce, link=link,
+                                         group_size=options.group_size), link)
+
+
+def collective(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return Collective(placement.devices)
+
+
+def nccl(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    return Nccl(placement)
+
+
+def auto(options: ReducerOptions, placement: Placement, link: Link) -> Reducer:
+    """Each gradient to the candidate predicted fastest, on `options.topology`."""
+    candidates = {name: _make(dataclasses.replace(options, name=name, pack_bytes=0,
+                                                  topology=None), placement)
+                  for name in CANDIDATES}
+    return Auto(candidates, _topology(options.topology))
 
 
 def _topology(given):
@@ -45,6 +80,45 @@ def _topology(given):
     return lambda devices: fit.fit(devices, fit.QUICK, name="fitted at start-up").topology
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """The reducer as a step calls it: the towers' gradients checked once
+    (one list per device, aligned, none missing) before `inner` sees them.
+    Everything else is its inner reducer's: the bytes it declares
+    (`traffic`), auto's predictions, a stateful reducer's figures."""
+
+    inner: Reducer
+
+    def build(self, context: ReducerContext) -> None:
+        build_state(self.inner, context)
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, tower_grads, devices, destinations):
+        check_towers(tower_grads, devices)
+        return self.inner(tower_grads, devices, destinations)
+
+
+def _make(options: ReducerOptions, placement: Placement) -> Reducer:
+    """The reducer of `options` with its compression and packing, unchecked."""
+    entry = TABLE.get(options.builtin)
+    if entry is None:
+        reducer = options.function
+    elif entry.stateful:
+        reducer = factory(options.builtin)(**options.arguments)
+    else:
+        link = Link(options.compress if entry.compresses else None)
+        reducer = factory(options.builtin)(options, placement, link)
+    if options.compress and not (entry is not None and entry.compresses):
+        reducer = Cast(reducer, options.compress)
+    if options.pack_bytes:
+        reducer = Packed(reducer, options.pack_bytes)
+    return reducer
+
+
 def build(options: ReducerOptions, placement: Placement) -> Reducer:
     """The reducer for `options`, checked against the placement.
 
@@ -53,38 +127,4 @@ def build(options: ReducerOptions, placement: Placement) -> Reducer:
     figure. A reducer with state is built for its gradients later
     (`build_state`).
     """
-    name = options.builtin
-    link = Link(options.compress if name in _HOP_BY_HOP else None)
-    devices = placement.devices
-    if name == "central":
-        reducer = Central(placement.reduce_device, link)
-    elif name in STATEFUL:
-        reducer = STATEFUL[name](**options.arguments)
-    elif name == "ring":
-        reducer = FlatReducer(functools.partial(ring_all_reduce, link=link), link, ring_traffic)
-    elif name == "tree":
-        reducer = FlatReducer(
-            functools.partial(halving_doubling, link=link), link, halving_doubling_traffic
-        )
-    elif name == "hierarchical":
-        all_reduce = functools.partial(
-            hierarchical_all_reduce, link=link, group_size=options.group_size
-        )
-        reducer = FlatReducer(all_reduce, link)
-    elif name == "collective":
-        reducer = Collective(devices)
-    elif name == "nccl":
-        reducer = Nccl(placement)
-    elif name == "auto":
-        reducer = Auto(
-            {n: build(dataclasses.replace(options, name=n, pack_bytes=0, topology=None),
-                      placement) for n in CANDIDATES},
-            _topology(options.topology),
-        )
-    else:
-        reducer = options.function
-    if options.compress and name not in (*_HOP_BY_HOP, "auto"):
-        reducer = Cast(reducer, options.compress)
-    if options.pack_bytes:
-        reducer = Packed(reducer, options.pack_bytes)
-    return reducer
+    return Checked(_make(options, placement))

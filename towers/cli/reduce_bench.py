@@ -95,7 +95,7 @@ def measure(prepared: Prepared, placement, options, variables, times: list[float
     from engine.cost.compare import bus_factor
     from engine.placement import report as placement_report
     from engine.reducers import stateful_part
-    from engine.reducers.auto import Auto
+    from engine.reducers.auto import auto_part
 
     devices, reducer, shapes = placement.devices, prepared.reducer, prepared.shapes
     size = sum(int(np.prod(shape)) for shape in shapes)
@@ -104,8 +104,9 @@ def measure(prepared: Prepared, placement, options, variables, times: list[float
     for t in prepared.sent:
         per_device[t["src"]] = per_device.get(t["src"], 0) + (t["bytes"] or 0)
     # auto on one tensor is its choice: that reducer's ideal is auto's.
-    chose = (reducer.choose(size, tf.float32, devices, prepared.destinations)
-             if isinstance(reducer, Auto) and len(shapes) == 1 else None)
+    auto = auto_part(reducer)
+    chose = (auto.choose(size, tf.float32, devices, prepared.destinations)
+             if auto is not None and len(shapes) == 1 else None)
     info = {
         "parameter_bytes": 4 * size,
         "towers": list(devices),
