@@ -241,6 +241,11 @@ def fit_options(reducer, variables: str, info, towers: int, cluster, *, epochs,
     if profile_steps is not None and logdir is None:
         raise UsageError("<profile_steps> writes its trace to <logdir>; add <logdir=DIR>")
     check_local_sgd(reducer, check_replicas)
+    if run and run.model.ema and check_replicas and reducer.method == "localsgd":
+        raise UsageError(
+            f"<check_replicas={check_replicas}> <ema={run.model.ema:g}>: under local SGD "
+            "each copy averages its own weights, and those averages differ even where the "
+            "copies agree; drop one of the two")
     outputs.check_file("metrics", metrics)
     outputs.check_file("placement_log", placement_log)
     outputs.check_directory("checkpoint_dir", checkpoint_dir)
