@@ -280,3 +280,22 @@ def test_replicated_mnist_reaches_the_default_accuracy(mnist_dir, tmp_path):
                      "--variables", "replicated", "--reducer", "ring", "--check-replicas", "50")
     assert result.returncode == 0, result.stderr
     assert json.loads(metrics.read_text().splitlines()[-1])["eval_accuracy"] >= 0.945
+
+
+def sum_of_first(tower_grads, devices, destinations):
+    """A reducer of one's own that would take a missing gradient in its stride."""
+    return [list(tower_grads[0]) for _ in destinations]
+
+
+@pytest.mark.parametrize("reducer", ["ring", sum_of_first])
+def test_every_built_reducer_checks_the_towers_gradients_once_before_it_runs(reducer):
+    # The check build puts outermost: a built-in and your own alike.
+    p = placement_of(2)
+    built = reducers.build(ReducerOptions(name=reducer), p)
+    grads = [[tf.ones([3])], [None]]
+    with pytest.raises(ReducerError, match="^a tower returned no gradient for a trainable "
+                                           "variable; every trainable variable must take "
+                                           "part in the loss$"):
+        built(grads, p.devices, [p.reduce_device])
+    with pytest.raises(ValueError, match=r"^1 gradient lists for 2 devices$"):
+        built(grads[:1], p.devices, [p.reduce_device])
