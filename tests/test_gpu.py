@@ -62,8 +62,9 @@ def train_100_steps(mnist_dir, reducer, variables):
     options = LoopOptions(epochs=1, steps_per_epoch=100, steps_per_loop=10,
                                eval_steps=data.eval_batches(info.val_size, 64, LOGICAL_GPUS))
     with open("/dev/null", "w") as quiet:
-        (record,) = loop.run(towers.step, towers.train_iterators, towers.held_out, options,
-                             EpochProgress(quiet))
+        (record,) = loop.run(towers.step, towers.train_iterators, options, EpochProgress(quiet),
+                             watchers=[loop.Evaluation(towers.step, towers.held_out,
+                                                       options.eval_steps)])
     return towers, record
 
 

@@ -67,7 +67,7 @@ def run(step, per_loop, epochs=2, per_epoch=10):
     watcher, stream = Steps(), io.StringIO()
     options = LoopOptions(epochs=epochs, steps_per_epoch=per_epoch, eval_steps=0,
                                steps_per_loop=per_loop)
-    records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0),
+    records = loop.run(step, iterators, options, EpochProgress(stream, interval=0),
                        watchers=[watcher])
     return records, watcher.seen, stream.getvalue()
 
@@ -136,7 +136,7 @@ def test_the_first_epoch_times_its_rate_after_the_runs_first_call():
     batch = (tf.zeros([4, 1]), tf.zeros([4, 1], tf.int32))
     iterators = [iter(tf.data.Dataset.from_tensors(batch).repeat())]
     options = LoopOptions(epochs=1, steps_per_epoch=10, eval_steps=0)
-    record, = loop.run(step, iterators, None, options, EpochProgress(io.StringIO()),
+    record, = loop.run(step, iterators, options, EpochProgress(io.StringIO()),
                        slow_first_call)
     assert record["seconds"] > 1.0  # the epoch's time counts the first call
     # Steps 7-10 (4 of 4 images) in far less than the second the first took.

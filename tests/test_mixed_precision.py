@@ -136,7 +136,7 @@ def test_an_epoch_of_only_overflows_shows_no_loss_and_counts_them(digits):
     iterators = tower_iterators(digits, step, steps=6)
     stream = io.StringIO()
     options = LoopOptions(epochs=2, steps_per_epoch=3, eval_steps=0)
-    records = loop.run(step, iterators, None, options, EpochProgress(stream, interval=0))
+    records = loop.run(step, iterators, options, EpochProgress(stream, interval=0))
     # Six steps run at scales 2**30 to 2**25, all too large for float16's
     # 65504 (the logit gradients alone pass it): both epochs only overflow.
     assert [(r["steps"], r["loss"], r["accuracy"]) for r in records] == [(0, None, None)] * 2

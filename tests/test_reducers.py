@@ -239,7 +239,7 @@ def test_the_loop_checks_replicas_every_k_steps(digits):
 
     from engine.core.progress import EpochProgress
     with pytest.raises(ReplicaDriftError) as err:
-        loop.run(step, iterators, None, options, EpochProgress(io.StringIO()))
+        loop.run(step, iterators, options, EpochProgress(io.StringIO()))
     assert re.search(r"^--check-replicas: after step 3, tower 1's copy", flag_message(err.value))
     assert int(step.global_step.numpy()) == 3
 

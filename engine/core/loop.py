@@ -1,4 +1,8 @@
-"""The outer loop: epochs of training steps, an evaluation after each."""
+"""The outer loop: epochs of blocks of training steps, and a record of each
+epoch. What looks at the run is handed to it: the progress lines, and
+watchers (the held-out pass, the metrics file, checkpoints, the non-finite
+guard, signals, the user's callbacks); the placement log is the `call` each
+step runs through."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import tensorflow as tf
 from engine import data
 from engine.core.options import LoopOptions
 from engine.core.outputs import StepOutputs
-from engine.core.progress import EpochProgress, MetricsFile, figures
+from engine.core.progress import EpochProgress, figures
 from engine.core.step import TowerStep
 
 
@@ -58,11 +62,37 @@ class HeldOut:
         return record
 
 
+class Evaluation:
+    """The held-out pass after every epoch, as a watcher: `eval_steps`
+    batches per tower, each through `call`, its figures (`eval_loss`,
+    `eval_accuracy`, top-k, `eval_seconds`) added to the epoch's record."""
+
+    def __init__(self, step: TowerStep, held_out: HeldOut, eval_steps: int,
+                 call: Callable = plain_call):
+        self.step, self.held_out, self.eval_steps, self.call = step, held_out, eval_steps, call
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        pass
+
+    def complete(self, epoch: int, record: dict) -> None:
+        start = time.perf_counter()
+        record.update(self.held_out.evaluate(self.step, self.eval_steps, self.call))
+        record["eval_seconds"] = time.perf_counter() - start
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        pass
+
+
 class Watcher(Protocol):
     """Something that looks at the run between steps (checkpoints, the
     non-finite guard, signals, the user's callbacks). Either hook may raise
     to stop the run; a watcher with a true `stop_training` ends it after the
-    epoch, as finished."""
+    epoch, as finished.
+
+    Two hooks are optional: `before_first_step(step, steps_per_epoch)`, before
+    the first step (the run's step counter: not 0 after a restore), and
+    `complete(epoch, record)`, which adds figures to an epoch's record
+    before it is shown and the others hear of it (`Evaluation`)."""
 
     def after_step(self, step: int, outputs: dict) -> None:
         """After every step, in order, with that step's own figures as host
@@ -81,7 +111,6 @@ class Watcher(Protocol):
 def run(
     step: TowerStep,
     train_iterators,
-    held_out: HeldOut | None,
     options: LoopOptions,
     progress: EpochProgress,
     call: Callable = plain_call,
@@ -94,13 +123,14 @@ def run(
 
     Starts from the step counter in `step`, so a restored run continues in
     the middle of the epoch it stopped in. Every step runs as
-    `call(kind, function, *args)`, kind `train` or `eval`. With
+    `call(kind, function, *args)`, kind `train` (an `Evaluation` watcher's
+    calls are `eval`). A record has `eval_loss` and `eval_accuracy` None
+    unless a watcher completes them. With
     `halt_on_nonfinite`, a loop of steps leaves no trace after a step whose
     loss or gradient was not finite, and the watchers hear of no step after
     it (the non-finite guard stops the run there); without, it goes on, as
     `skip_nonfinite` does.
     """
-    metrics_file = MetricsFile(options.metrics_path)
     global_batch = step.accumulate * sum(
         int(spec[0].shape[0]) for spec in (it.element_spec for it in train_iterators)
     )
@@ -108,8 +138,9 @@ def run(
     rate = "sequences/s" if train_iterators[0].element_spec[0].shape.rank == 2 else "images/s"
     per_epoch = options.steps_per_epoch
     done = started = int(step.global_step.numpy())
-    if started:  # resumed: the epoch it resumes in, and any after, are written anew
-        metrics_file.resume_at(started // per_epoch + 1)
+    for watcher in watchers:
+        if hasattr(watcher, "before_first_step"):
+            watcher.before_first_step(started, per_epoch)
     history = []
     for epoch in range(done // per_epoch + 1, options.epochs + 1):
         progress.start(epoch, options.epochs)
@@ -161,10 +192,9 @@ def run(
         record.update(eval_loss=None, eval_accuracy=None)
         if step.top_k:
             record[f"eval_{step.top_k_name}"] = None
-        if held_out is not None and options.eval_steps:
-            eval_start = time.perf_counter()
-            record.update(held_out.evaluate(step, options.eval_steps, call))
-            record["eval_seconds"] = time.perf_counter() - eval_start
+        for watcher in watchers:
+            if hasattr(watcher, "complete"):
+                watcher.complete(epoch, record)
         # The epoch's steps that did not update are named: an epoch of only
         # those has no loss to show. `steps` (updated) is exact across a
         # resume; a step skipped before it is counted as an overflow.
@@ -181,7 +211,6 @@ def run(
                 **figures(record, "eval_"),
             },
         )
-        metrics_file.write(record)
         for watcher in watchers:
             watcher.after_epoch(epoch, done, record)
         history.append(record)

@@ -116,6 +116,19 @@ class MetricsFile:
     def __init__(self, path: str | None):
         self.path = path
 
+    # As a watcher of the loop (engine.core.loop.Watcher): a resumed run
+    # writes the epoch it resumes in, and any after, anew; every epoch's
+    # record is a line.
+    def before_first_step(self, step: int, steps_per_epoch: int) -> None:
+        if step:
+            self.resume_at(step // steps_per_epoch + 1)
+
+    def after_step(self, step: int, outputs: dict) -> None:
+        pass
+
+    def after_epoch(self, epoch: int, step: int, record: dict) -> None:
+        self.write(record)
+
     def write(self, record: dict) -> None:
         if self.path is None:
             return

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from engine import data
 from engine.core import loop
-from engine.core.progress import EpochProgress, Voice
+from engine.core.progress import EpochProgress, MetricsFile, Voice
 from engine.placement import summary as placement_summary_lib
 from engine.placement.log import PlacementLog
 from engine.run import outputs
@@ -137,9 +137,14 @@ def train(
     if watchdog is not None:
         call = watchdog.wrap_call(call)
     try:
-        history = loop.run(built.step, built.train_iterators, built.held_out, options.loop,
+        # The held-out pass completes each epoch's record; the metrics file
+        # writes it before anything else hears of it.
+        evaluation = ([loop.Evaluation(built.step, built.held_out, options.loop.eval_steps, call)]
+                      if built.held_out is not None and options.loop.eval_steps else [])
+        history = loop.run(built.step, built.train_iterators, options.loop,
                            EpochProgress(stream, verbose=verbose), call,
-                           [*run_watchers, *watchers],
+                           [*evaluation, MetricsFile(options.loop.metrics_path), *run_watchers,
+                            *watchers],
                            halt_on_nonfinite=not options.skip_nonfinite)
     except StopRequested as stopped:
         stopped.checkpoint = saver.save(stopped.step) if saver else None
