@@ -134,10 +134,9 @@ def test_a_momentum_outside_0_to_1_is_refused(value):
 def test_local_sgd_replicas_are_not_compared_through_their_averages():
     # Each copy averages its own weights: the averages differ even right
     # after an averaging step, where the copies agree.
-    trainer_ = towers.Trainer("cpu:2", variables="replicated", reducer="localsgd:every=2",
-                              ema=0.5, stream=io.StringIO())
+    local = trainer(ema=MOMENTUM, variables="replicated", reducer="localsgd:every=2")
     with pytest.raises(UsageError) as err:
-        trainer_.fit(epochs=1, steps_per_epoch=4, check_replicas=2, verbose=0)
+        local.fit(epochs=1, steps_per_epoch=4, check_replicas=2, verbose=0)
     assert flag_message(err.value) == (
         "--check-replicas 2 --ema 0.5: under local SGD each copy averages its own weights, "
         "and those averages differ even where the copies agree; drop one of the two")
