@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from engine.cost import compare
 from engine.cost.topology import Topology
-from engine.reducers.stateful import ReducerContext
+from engine.reducers.stateful import ReducerContext, find_inner
 
 CANDIDATES = ("central", "ring", "tree", "hierarchical")
 
@@ -34,9 +34,7 @@ def size_text(nbytes: int) -> str:
 
 def auto_part(reducer) -> Auto | None:
     """The Auto in `reducer`, through wrappers (`inner`), or None."""
-    while reducer is not None and not isinstance(reducer, Auto):
-        reducer = getattr(reducer, "inner", None)
-    return reducer
+    return find_inner(reducer, Auto)
 
 
 class Auto:

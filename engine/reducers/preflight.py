@@ -28,7 +28,7 @@ from engine.reducers.conformance_checks import (
     structure_problem,
     tolerance,
 )
-from engine.reducers.stateful import ReducerContext, build_state, stateful_part
+from engine.reducers.stateful import ReducerContext, build_state, find_inner, stateful_part
 from engine.userfn import calling
 
 __all__ = ["check_on_model"]
@@ -95,6 +95,4 @@ def _packed(reducer) -> bool:
     """Whether packing wraps the reducer (engine.reducers.packing)."""
     from engine.reducers.packing import Packed
 
-    while reducer is not None and not isinstance(reducer, Packed):
-        reducer = getattr(reducer, "inner", None)
-    return reducer is not None
+    return find_inner(reducer, Packed) is not None

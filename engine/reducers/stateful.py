@@ -126,13 +126,17 @@ class StatefulReducer(tf.Module):
         return None if figure is None else sum(figure.values())
 
 
+def find_inner(reducer, kind: type):
+    """The first reducer of class `kind` in `reducer` or the reducers it wraps
+    (`inner`, as packing, compression and build's check do), or None."""
+    while reducer is not None and not isinstance(reducer, kind):
+        reducer = getattr(reducer, "inner", None)
+    return reducer
+
+
 def stateful_part(reducer) -> StatefulReducer | None:
     """The StatefulReducer in `reducer`, through wrappers (`inner`), or None."""
-    while reducer is not None:
-        if isinstance(reducer, StatefulReducer):
-            return reducer
-        reducer = getattr(reducer, "inner", None)
-    return None
+    return find_inner(reducer, StatefulReducer)
 
 
 def build_state(reducer, context: ReducerContext) -> None:
