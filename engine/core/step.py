@@ -26,7 +26,7 @@ from engine.core.tower import (
     tower_gradients,
     write_state,
 )
-from engine.core.variables import VariableMode
+from engine.core.variables import VariableMode, copies
 from engine.reducers.base import Reducer, mean
 from engine.reducers.stateful import ReducerContext, build_state, stateful_part
 from engine.topology.devices import Placement
@@ -173,9 +173,8 @@ class TowerStep:
 
     def _trainable(self) -> list:
         """The trainable variables of every model copy, in the copies' order."""
-        copies = {id(m): m for m in (self.variables.model_for(t.index)
-                                     for t in self.placement.towers)}
-        return [v for model in copies.values() for v in model.trainable_variables]
+        return [v for model in copies(self.variables, self.placement)
+                for v in model.trainable_variables]
 
     def _put_back_trained(self) -> list | None:
         """With `ema`: reads the averages the model holds and puts the trained

@@ -60,6 +60,13 @@ class VariableMode(Protocol):
         """The rate the next update applies (tower 0's copy's optimizer)."""
 
 
+def copies(variables: VariableMode, placement) -> list[keras.Model]:
+    """Every distinct model copy the towers of `placement` call, in tower
+    order: one with reduce-device variables, one per tower replicated."""
+    return list({id(m): m for m in (variables.model_for(t.index)
+                                    for t in placement.towers)}.values())
+
+
 class ReplicaDriftError(RunError):
     """Replicated copies of a variable no longer agree."""
 

@@ -328,9 +328,9 @@ def build(placement, options, info, watchdog=None, *, init_weights: str | None =
     built = guard("building the towers", build_lib.build, placement, options.data,
                   options.model, options.reducer, info.val_size)
     if init_weights is not None:
-        variables = built.step.variables
-        models = list({id(m): m for m in (variables.model_for(t.index)
-                                            for t in placement.towers)}.values())
+        from engine.core import variables as variables_lib
+
+        models = variables_lib.copies(built.step.variables, placement)
         count = weights.load_into(models, weights.saved_values(init_weights), init_weights,
                                   options.model.model_name)
         say(f"initial weights: {init_weights} ({count} variables)")
