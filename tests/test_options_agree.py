@@ -1,6 +1,7 @@
 """Where an option is said in more than one place, the places agree: every
-argument of the Trainer is a marker the messages can render (engine.errors'
-ARGUMENTS), every flag of tower-train is a Trainer argument or one of the
+argument of the Trainer is a marker the messages can render
+(engine.errors.is_argument: ARGUMENTS, or a field of a declared options
+class), every flag of tower-train is a Trainer argument or one of the
 command line's own (data, processes, output), every Trainer argument a
 command line can carry has a flag, and the flags' choices are the engine's
 own constants."""

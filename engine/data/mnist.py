@@ -213,29 +213,31 @@ def write(directory: str, digits: Digits, source: str, log: Log = print,
     """
     _check_format(format)
     _check_shapes(digits)
+    content = digits.sha256()
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, LOCK), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        found = _written(directory, digits, format)
+        found = _written(directory, content, format)
         if found is not None:
             log(f"digits already written in {directory} ({format}): kept")
             return found
-        return _write(directory, digits, source, log, format)
+        return _write(directory, digits, content, source, log, format)
 
 
-def _written(directory: str, digits: Digits, format: str) -> dict | None:
-    """The metadata of `directory` when it holds these digits in `format`."""
+def _written(directory: str, content: str, format: str) -> dict | None:
+    """The metadata of `directory` when it holds digits of SHA-256 `content`
+    in `format`."""
     try:
         with open(os.path.join(directory, META)) as stream:
             meta = json.load(stream)
     except (OSError, ValueError):
         return None
-    same = meta.get("format") == format and meta.get("digits_sha256") == digits.sha256()
+    same = meta.get("format") == format and meta.get("digits_sha256") == content
     return meta if same else None
 
 
-def _write(directory: str, digits: Digits, source: str, log: Log, format: str) -> dict:
-    content = digits.sha256()
+def _write(directory: str, digits: Digits, content: str, source: str, log: Log,
+           format: str) -> dict:
     real = content == DIGITS_SHA256
     log(
         "digits verified: the real MNIST (content SHA-256 matches)"

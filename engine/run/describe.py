@@ -161,8 +161,9 @@ def check_signature(path: str, saved: str, signature: str) -> None:
         before, now = json.loads(saved), json.loads(signature)
     except ValueError:  # a checkpoint of an older engine: its text as it is
         before, now = {"settings": saved}, {"settings": signature}
+    defaults = ModelOptions.checkpoint_defaults()
     for settings in (before, now):  # a setting left out was at its default
-        for key, default in ModelOptions.checkpoint_defaults().items():
+        for key, default in defaults.items():
             if key in before or key in now:
                 settings.setdefault(key, default)
     if before == now:
@@ -171,7 +172,7 @@ def check_signature(path: str, saved: str, signature: str) -> None:
     was = ", ".join(f"{key} {before.get(key, '?')}" for key in names)
     asked = ", ".join(f"{key} {now.get(key, '?')}" for key in names)
     named = [f"<{SIGNATURE_ARGUMENTS.get(k, k)}>" for k in names
-             if k in SIGNATURE_ARGUMENTS or k in ModelOptions.checkpoint_defaults()]
+             if k in SIGNATURE_ARGUMENTS or k in defaults]
     arguments = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
     raise UsageError(
         f"<resume>: {path} was written with {was}, and this run has {asked}; resume with "
